@@ -1,0 +1,3 @@
+from searchrl.cli import main
+
+main()

@@ -1,0 +1,237 @@
+"""The `searchrl` command line. Also runnable as `python -m searchrl` and `accelerate launch -m searchrl`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from searchrl.errors import SearchRLError
+
+
+def _overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.topk=5")
+
+
+def cmd_world(args: argparse.Namespace) -> None:
+    from searchrl.config import from_dict
+    from searchrl.envs.synthetic.world import World, WorldConfig
+
+    raw: dict = {"seed": args.seed}
+    for item in args.overrides:
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise SearchRLError(f"world override must be key=value, got {item!r}")
+        import yaml
+
+        raw[k.removeprefix("world.")] = yaml.safe_load(v)
+    cfg = from_dict(WorldConfig, raw, source="command line", key="world")
+    t = time.perf_counter()
+    world = World.generate(cfg)
+    out = world.save(args.out)
+    counts = {s: len(world.examples(s)) for s in ("train", "dev", "test")}
+    print(f"world seed={cfg.seed}: {len(world.entities)} entities, questions {counts}, "
+          f"written to {out} in {time.perf_counter() - t:.1f}s")  # fmt: skip
+
+
+def cmd_validate(args: argparse.Namespace) -> None:
+    from searchrl.config import check_arguments, load_experiment
+
+    failed = 0
+    for f in args.files:
+        try:
+            exp = load_experiment(f, args.set)
+            check_arguments(exp, f)
+            print(f"ok      {f}")
+        except SearchRLError as exc:
+            failed += 1
+            print(f"invalid {exc}", file=sys.stderr)
+    if failed:
+        raise SystemExit(1)
+
+
+def cmd_build_model(args: argparse.Namespace) -> None:
+    from searchrl.config import load_experiment
+    from searchrl.models.tiny import SIZES, build_local_model
+    from searchrl.runtime import Runtime, tokenizer_texts
+
+    if args.size not in SIZES:
+        raise SearchRLError(f"unknown --size {args.size!r}; valid: {', '.join(SIZES)}")
+    exp = load_experiment(
+        args.config, [*args.overrides, f"data.world_dir={args.world}"] if args.world else args.overrides
+    )
+    rt = Runtime(exp)
+    if rt.world is None:
+        raise SearchRLError("build-model trains its tokenizer on a synthetic world: pass --world DIR")
+    out = build_local_model(args.size, tokenizer_texts(rt.world, rt.env()), args.out, seed=exp.seed)
+    print(f"built a {args.size} Qwen2 model and tokenizer in {out}")
+
+
+def cmd_index(args: argparse.Namespace) -> None:
+    from searchrl.data.corpus import load_corpus
+    from searchrl.envs.retrievers import RETRIEVERS
+
+    cls = RETRIEVERS.get(args.retriever)
+    if not hasattr(cls, "save"):
+        raise SearchRLError(f"retriever '{args.retriever}' has no index to build; valid: bm25, dense")
+    t = time.perf_counter()
+    docs = load_corpus(args.corpus)
+    cls(docs, **_kv(args.arg)).save(args.out)
+    print(
+        f"{args.retriever} index of {len(docs)} documents written to {args.out} in {time.perf_counter() - t:.1f}s"
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from searchrl.envs.retrievers import build_retriever
+    from searchrl.envs.retrievers.http import make_server
+
+    if args.corpus is None and args.index is None:
+        raise SearchRLError("serve-retriever needs --corpus FILE or --index DIR")
+    retriever = build_retriever(args.retriever, corpus=args.corpus, index=args.index, **_kv(args.arg))
+    server = make_server(retriever, args.host, args.port)
+    host, port = str(server.server_address[0]), server.server_address[1]
+    print(f"serving {args.retriever} on http://{host}:{port}/retrieve (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def cmd_teacher(args: argparse.Namespace) -> None:
+    from searchrl.config import load_experiment
+    from searchrl.data.example import write_jsonl
+    from searchrl.envs.synthetic.teacher import teacher_records
+    from searchrl.runtime import Runtime
+
+    exp = load_experiment(args.config, args.overrides)
+    rt = Runtime(exp)
+    if rt.world is None:
+        raise SearchRLError("the teacher needs the synthetic world (data.source: synthetic)")
+    records = teacher_records(rt.env(), rt.world, rt.examples(args.split), exp.teacher)
+    write_jsonl(args.out, records)
+    print(f"{len(records)} teacher trajectories ({args.split}) written to {args.out}")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from searchrl.config import load_experiment, save_resolved
+    from searchrl.eval import episode_metrics, markdown_table, write_results
+    from searchrl.runtime import Runtime
+
+    overrides = list(args.overrides)
+    if args.agent:
+        overrides.append(f"eval.agent={args.agent}")
+    if args.split:
+        overrides.append(f"eval.split={args.split}")
+    exp = load_experiment(args.config, overrides)
+    save_resolved(exp, exp.out)
+    rt = Runtime(exp)
+    examples = rt.examples(exp.eval.split)[: exp.eval.limit]
+    t = time.perf_counter()
+    if exp.eval.agent == "teacher":
+        from searchrl.envs.synthetic.teacher import run_teacher
+
+        if rt.world is None:
+            raise SearchRLError("the teacher agent needs the synthetic world (data.source: synthetic)")
+        states = run_teacher(rt.env(), examples, exp.teacher)
+    else:
+        raise SearchRLError(f"unknown eval agent {exp.eval.agent!r}; valid: teacher")
+    metrics = episode_metrics(states)
+    metrics["seconds"] = time.perf_counter() - t
+    name = f"eval-{exp.eval.agent}-{exp.eval.split}"
+    js, _ = write_results(exp.out, name, metrics)
+    print(markdown_table({name: metrics}))
+    print(json.dumps({k: metrics[k] for k in ("em_by_hops", "finish_reasons")}))
+    print(f"results written to {js}")
+
+
+def _kv(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items or []:
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise SearchRLError(f"--arg must be key=value, got {item!r}")
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="searchrl", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    w = sub.add_parser("world", help="generate a synthetic multi-hop world (corpus + questions)")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--out", required=True, type=Path)
+    w.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="world settings, e.g. persons=200")
+    w.set_defaults(fn=cmd_world)
+
+    v = sub.add_parser("validate", help="check experiment files without running them")
+    v.add_argument("files", nargs="+")
+    v.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to each file"
+    )
+    v.set_defaults(fn=cmd_validate)
+
+    b = sub.add_parser("build-model", help="train a tokenizer on a world and build a local Qwen2 model")
+    b.add_argument("--world", type=Path, help="a world directory (default: the config's world)")
+    b.add_argument("--size", default="small")
+    b.add_argument("--out", required=True, type=Path)
+    b.add_argument("--config", default=None)
+    _overrides(b)
+    b.set_defaults(fn=cmd_build_model)
+
+    i = sub.add_parser("index", help="build and save a BM25 or dense index of a corpus")
+    i.add_argument("--retriever", default="bm25")
+    i.add_argument("--corpus", required=True)
+    i.add_argument("--out", required=True, type=Path)
+    i.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="retriever argument")
+    i.set_defaults(fn=cmd_index)
+
+    s = sub.add_parser("serve-retriever", help="serve a retriever over Search-R1's HTTP protocol")
+    s.add_argument("--retriever", default="bm25")
+    s.add_argument("--corpus")
+    s.add_argument("--index")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE")
+    s.set_defaults(fn=cmd_serve)
+
+    t = sub.add_parser("teacher", help="write scripted-teacher trajectories for a split (SFT data)")
+    t.add_argument("config")
+    t.add_argument("--split", default="train")
+    t.add_argument("--out", required=True, type=Path)
+    _overrides(t)
+    t.set_defaults(fn=cmd_teacher)
+
+    e = sub.add_parser("eval", help="evaluate an agent on a split: EM, F1, searches, invalid actions")
+    e.add_argument("config")
+    e.add_argument("--agent", default=None, help="policy (default) or teacher")
+    e.add_argument("--split", default=None)
+    _overrides(e)
+    e.set_defaults(fn=cmd_eval)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # KEY=VALUE overrides may come after options (argparse stops collecting positionals at an option)
+    if extra:
+        if not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    try:
+        args.fn(args)
+    except (SearchRLError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+"""Experiment files -> frozen dataclasses, with errors a user can act on.
+
+``load_experiment(path, overrides)`` reads YAML, follows ``base:`` includes (paths relative to the
+including file; later files and overrides win; mappings merge, lists replace), applies ``a.b=c``
+overrides, converts everything into the typed sections below and checks registry names before anything
+heavy is imported. Every error names the file (or the command line), the dotted key, the bad value and
+the valid choices, with a close-match suggestion for typos.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from searchrl.envs.synthetic.teacher import TeacherConfig
+from searchrl.envs.synthetic.world import WorldConfig
+from searchrl.errors import ConfigError, RegistryError
+from searchrl.registry import Registry
+
+# ---------------------------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: Literal["synthetic", "auto", "flashrag", "hotpotqa", "musique", "2wiki"] = "synthetic"
+    world: WorldConfig = field(default_factory=WorldConfig)  # used when source is synthetic
+    world_dir: str | None = None  # an existing world; default: generated into <output_dir>/world
+    train: str | None = None  # question files for the other sources
+    dev: str | None = None
+    test: str | None = None
+    corpus: str | None = None  # retrieval corpus for the other sources
+    limit: int | None = None  # keep the first N questions of each split
+
+
+@dataclass(frozen=True)
+class RetrieverConfig:
+    name: str = field(default="bm25", metadata={"registry": "retrievers"})
+    corpus: str | None = None  # default: the data section's corpus (the world's for synthetic)
+    index: str | None = None  # a saved index directory (`searchrl index`); built and saved there if missing
+    cache: int = 100_000  # LRU entries; 0 turns the cache off
+    args: dict[str, Any] = field(default_factory=dict)  # passed to the retriever's constructor
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    tags: str = field(default="search_r1", metadata={"choices": "tagsets"})
+    template: str = field(default="short", metadata={"choices": "templates"})
+    topk: int = 3
+    max_turns: int = 4  # non-answer actions per episode before the answer is forced
+    max_query_chars: int = 256
+    on_budget: Literal["force_answer", "end"] = "force_answer"
+    doc_max_words: int | None = None
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = None  # local directory or hub id; None builds the local `size` model
+    size: Literal["tiny", "small"] = "small"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig | None = None  # null: full fine-tuning
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str = field(metadata={"registry": "rewards"})
+    weight: float = 1.0
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """``algorithm: {name: grpo, clip: 0.2, ...}``: every key but ``name`` is the algorithm's own."""
+
+    name: str = field(default="grpo", metadata={"registry": "algorithms"})
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    split: str = "test"
+    limit: int | None = None
+    agent: str = "policy"  # "policy" or "teacher" (the scripted oracle, synthetic world only)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str = "experiment"
+    output_dir: str = "runs/{name}"  # {name} is filled in
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    algorithm: AlgorithmConfig | None = None
+    rewards: tuple[RewardSpec, ...] = ()
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.output_dir.format(name=self.name))
+
+
+# ---------------------------------------------------------------------------------------------- registries
+
+
+def _registries() -> dict[str, Registry[Any]]:
+    from searchrl.algorithms import ALGORITHMS
+    from searchrl.envs.retrievers.base import RETRIEVERS
+    from searchrl.rewards import REWARDS
+
+    return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS}
+
+
+def _choices(name: str) -> list[str]:
+    from searchrl.envs.tags import TAGSETS, TEMPLATES
+
+    return {"tagsets": list(TAGSETS), "templates": list(TEMPLATES)}[name]
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+class _Ctx:
+    """Tracks which file (or override) set each dotted key, so errors point at the right place."""
+
+    def __init__(self) -> None:
+        self.source: dict[str, str] = {}
+
+    def record(self, data: Any, origin: str, prefix: str = "") -> None:
+        if isinstance(data, dict):
+            for k, v in data.items():
+                key = f"{prefix}.{k}" if prefix else str(k)
+                self.source[key] = origin
+                self.record(v, origin, key)
+
+    def where(self, key: str) -> str:
+        key = re.sub(r"\[\d+\]", "", key)
+        while key:
+            if key in self.source:
+                return self.source[key]
+            key = key.rpartition(".")[0]
+        return self.source.get("", "<config>")
+
+    def error(self, key: str, problem: str, **kw: Any) -> ConfigError:
+        return ConfigError(problem, file=self.where(key), key=key or None, **kw)
+
+
+def _read_yaml(path: Path, ctx: _Ctx, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError("config file not found", file=str(path))
+    if path.resolve() in seen:
+        raise ConfigError("circular 'base:' include", file=str(path), value=[str(p) for p in seen])
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", file=str(path)) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "the top level must be a mapping of sections", file=str(path), value=type(data).__name__
+        )
+    bases = data.pop("base", None) or []
+    merged: dict[str, Any] = {}
+    for base in [bases] if isinstance(bases, str) else bases:
+        base_path = (path.parent / base).resolve()
+        if not base_path.exists():
+            raise ConfigError("base config not found", file=str(path), key="base", value=str(base))
+        merged = _merge(merged, _read_yaml(base_path, ctx, (*seen, path.resolve())))
+    ctx.record(data, str(path))
+    return _merge(merged, data)
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: _Ctx) -> dict[str, Any]:
+    """``a.b=c`` sets data['a']['b'] to YAML-parsed ``c``."""
+    data = _merge({}, data)
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ConfigError(
+                "an override must look like 'section.key=value'", file="command line", value=item
+            )
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                f"value is not valid YAML: {exc}", file="command line", key=key, value=raw
+            ) from exc
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+        ctx.source[key] = f"command line override '{item}'"
+    return data
+
+
+def load_experiment(path: str | Path | None = None, overrides: list[str] | None = None) -> Experiment:
+    ctx = _Ctx()
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_yaml(Path(path), ctx)
+        ctx.source[""] = str(path)
+    data = apply_overrides(data, list(overrides or []), ctx)
+    return convert(Experiment, data, ctx, "")
+
+
+def check_arguments(exp: Experiment, source: str = "<config>") -> None:
+    """Deeper checks that import the named objects: algorithm arguments against the algorithm's
+    ``Config`` dataclass, reward ``args`` against the reward's keyword parameters."""
+    import inspect
+
+    from searchrl.algorithms import ALGORITHMS
+    from searchrl.rewards import REWARDS
+
+    if exp.algorithm is not None:
+        algo = ALGORITHMS.get(exp.algorithm.name)
+        config_cls = getattr(algo, "Config", None)
+        if config_cls is not None:
+            from_dict(config_cls, exp.algorithm.args, source, "algorithm")
+        elif exp.algorithm.args:
+            raise ConfigError(
+                "this algorithm takes no arguments", file=source, key="algorithm", value=exp.algorithm.args
+            )
+    for i, spec in enumerate(exp.rewards):
+        params = inspect.signature(REWARDS.get(spec.name)).parameters
+        allowed = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        named_only = not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        for arg in spec.args:
+            if arg not in allowed and (named_only or arg in ("answers", "hops", "metadata")):
+                raise ConfigError(f"reward '{spec.name}' has no argument '{arg}'", file=source,
+                                  key=f"rewards[{i}].args.{arg}", value=arg, choices=allowed)  # fmt: skip
+
+
+def from_dict(cls: type, data: dict[str, Any], source: str = "<config>", key: str = "") -> Any:
+    """Convert a mapping into dataclass ``cls`` with the same checks as experiment files."""
+    ctx = _Ctx()
+    ctx.source[""] = source
+    return convert(cls, data, ctx, key)
+
+
+# ---------------------------------------------------------------------------------------------- conversion
+
+
+def convert(tp: Any, value: Any, ctx: _Ctx, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        errors = []
+        for a in inner:
+            try:
+                return convert(a, value, ctx, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0] if len(errors) == 1 else ctx.error(key, f"expected one of {inner}", value=value)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ctx.error(key, "invalid value", value=value, choices=[str(c) for c in choices])
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _convert_dataclass(tp, value, ctx, key)
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise ctx.error(key, "expected a list", value=value)
+        args = typing.get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ctx.error(key, f"expected a list of {len(args)} items", value=value)
+            items = [convert(a, v, ctx, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value))]
+        else:
+            elem = args[0] if args else Any
+            items = [convert(elem, v, ctx, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ctx.error(key, "expected a mapping", value=value)
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ctx.error(key, "expected true or false", value=value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ctx.error(key, "expected an integer", value=value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ctx.error(key, "expected a number", value=value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ctx.error(key, "expected a string", value=value)
+        return value
+    raise TypeError(f"config type {tp!r} at '{key}' is not supported")  # a bug in a section definition
+
+
+def _convert_dataclass(cls: Any, value: Any, ctx: _Ctx, key: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ctx.error(key, f"expected a mapping for section '{cls.__name__}'", value=value)
+    value = dict(value)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if cls is AlgorithmConfig:  # flat YAML: every key but name is an algorithm argument
+        value = {"name": value.pop("name", AlgorithmConfig.name), "args": value}
+    kwargs: dict[str, Any] = {}
+    for k, v in value.items():
+        sub = f"{key}.{k}" if key else str(k)
+        if k not in fields:
+            raise ctx.error(sub, "unknown key", value=k, choices=list(fields))
+        kwargs[k] = convert(hints[k], v, ctx, sub)
+        _check_names(fields[k], kwargs[k], ctx, sub)
+    missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    if missing:
+        raise ctx.error(f"{key}.{missing[0]}" if key else missing[0], "required key is missing")
+    try:
+        obj = cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ctx.error(key, str(exc)) from exc
+    return obj
+
+
+def _check_names(f: dataclasses.Field, value: Any, ctx: _Ctx, key: str) -> None:
+    if value is None:
+        return
+    if "registry" in f.metadata:
+        reg = _registries()[f.metadata["registry"]]
+        try:
+            reg.check(value)
+        except RegistryError as exc:
+            if isinstance(value, str) and ":" in value:
+                raise ctx.error(key, str(exc), value=value) from exc
+            raise ctx.error(key, f"unknown {reg.kind} name", value=value, choices=reg.names()) from exc
+    if "choices" in f.metadata:
+        choices = _choices(f.metadata["choices"])
+        if value not in choices:
+            raise ctx.error(key, "invalid value", value=value, choices=choices)
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if isinstance(obj, AlgorithmConfig):
+            out = {"name": obj.name, **obj.args}
+        return out
+    if isinstance(obj, tuple | list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def save_resolved(exp: Experiment, out_dir: str | Path) -> Path:
+    """Write the fully resolved config beside a run's outputs."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.yaml"
+    path.write_text(yaml.safe_dump(to_dict(exp), sort_keys=False), encoding="utf-8")
+    return path

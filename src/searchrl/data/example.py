@@ -1,0 +1,93 @@
+"""The one question type every loader produces."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One step of a question's decomposition (the per-hop fields StepSearch and RAG-Gym use)."""
+
+    question: str  # sub-question, with earlier answers substituted in
+    answer: str  # sub-answer
+    gold_doc_id: str | None = None  # id of the supporting document in the corpus, if known
+    gold_title: str | None = None
+    keys: tuple[str, ...] = ()  # 2-3 gold search keyword strings (StepSearch eq. 4)
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    question: str
+    answers: tuple[str, ...]  # gold answer first, then aliases
+    hops: tuple[Hop, ...] = ()
+    gold_doc_ids: tuple[str, ...] = ()  # supporting documents, when the data names them
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_hops(self) -> int:
+        return len(self.hops)
+
+    def to_json(self) -> dict[str, Any]:
+        """FlashRAG/Search-R1 JSONL row: id, question, golden_answers, metadata (hops inside)."""
+        meta = dict(self.metadata)
+        if self.hops:
+            meta["hops"] = [asdict(h) | {"keys": list(h.keys)} for h in self.hops]
+        if self.gold_doc_ids:
+            meta["gold_doc_ids"] = list(self.gold_doc_ids)
+        return {
+            "id": self.id,
+            "question": self.question,
+            "golden_answers": list(self.answers),
+            "metadata": meta,
+        }
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Example:
+        meta = dict(row.get("metadata") or {})
+        hops = tuple(
+            Hop(
+                question=h["question"],
+                answer=h["answer"],
+                gold_doc_id=h.get("gold_doc_id"),
+                gold_title=h.get("gold_title"),
+                keys=tuple(h.get("keys") or ()),
+            )
+            for h in meta.pop("hops", [])
+        )
+        answers = row.get("golden_answers", row.get("answers"))
+        if answers is None:
+            raise ValueError(f"row {row.get('id')!r} has no 'golden_answers'")
+        if isinstance(answers, str):
+            answers = [answers]
+        return cls(
+            id=str(row["id"]),
+            question=row["question"],
+            answers=tuple(str(a) for a in answers),
+            hops=hops,
+            gold_doc_ids=tuple(meta.pop("gold_doc_ids", [])),
+            metadata=meta,
+        )
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    with Path(path).open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc

@@ -1,0 +1,47 @@
+"""Retrievers behind one batched protocol: ``search(queries, k) -> list[list[Doc]]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from searchrl.data.corpus import Doc, load_corpus
+from searchrl.envs.retrievers.base import RETRIEVERS, IndexedRetriever, Retriever
+from searchrl.envs.retrievers.cache import CachedRetriever
+
+
+def build_retriever(
+    name: str,
+    corpus: str | Path | list[Doc] | None = None,
+    index: str | Path | None = None,
+    cache: int = 0,
+    **args: Any,
+) -> Retriever:
+    """Build a registered retriever from a corpus, or load it from a saved ``index`` directory.
+
+    ``hybrid`` takes ``retrievers: [{name: bm25}, {name: dense}]`` (each built on the same corpus).
+    """
+    cls: Any = RETRIEVERS.get(name)
+    if name == "hybrid":
+        subs = [
+            build_retriever(corpus=corpus, **dict(sub)) for sub in args.pop("retrievers", [{"name": "bm25"}])
+        ]
+        retriever: Retriever = cls(subs, **args)
+    elif name == "http" or not hasattr(cls, "load"):
+        retriever = cls(**args)
+    elif index is not None and Path(index, "index.json").exists():
+        retriever = cls.load(index, **args)
+    else:
+        if corpus is None:
+            raise ValueError(
+                f"retriever '{name}' needs a corpus (or an index directory built by `searchrl index`)"
+            )
+        docs = corpus if isinstance(corpus, list) else load_corpus(corpus)
+        built = cls(docs, **args)
+        if index is not None:
+            built.save(index)
+        retriever = built
+    return CachedRetriever(retriever, maxsize=cache) if cache > 0 else retriever
+
+
+__all__ = ["RETRIEVERS", "CachedRetriever", "Doc", "IndexedRetriever", "Retriever", "build_retriever"]

@@ -1,0 +1,220 @@
+"""The one search environment every algorithm shares.
+
+An action is the text the policy generated up to a stop tag. ``step`` parses it, runs the retriever for
+searches (batched over episodes), and returns the observation text to append, a done flag and a
+`StepInfo`. Malformed actions are recorded as invalid with a flag and never raise. Episodes can be
+rebuilt from a recorded list of actions (and, optionally, their observations) for SLATE and RAG-Gym,
+which restart from a prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from searchrl.data.corpus import Doc
+from searchrl.data.example import Example
+from searchrl.envs.retrievers.base import Retriever
+from searchrl.envs.tags import TAGSETS, TEMPLATES, TagSet
+
+INVALID_FEEDBACK = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between {so} and {sc}. "
+    "If I want to give the final answer, I should put the answer between {ao} and {ac}. Let me try again.\n"
+)
+# Error codes recorded in StepInfo.error
+ERRORS = ("no_action", "unclosed_tag", "empty_query", "query_too_long", "multiple_answers",
+          "text_after_answer", "missing_boxed", "empty_answer")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    kind: str  # "search" | "answer" | "invalid"
+    valid: bool
+    error: str | None = None  # one of ERRORS when something is malformed
+    query: str | None = None
+    doc_ids: tuple[str, ...] = ()
+    answer: str | None = None  # extracted answer (inside \boxed{} for the research tag set)
+    forced: bool = False  # the answer tag was forced by the turn budget
+
+
+@dataclass
+class EnvState:
+    example: Example
+    prompt: str
+    actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    infos: list[StepInfo] = field(default_factory=list)
+    retrieved: list[list[Doc]] = field(default_factory=list)  # per step (empty for non-search steps)
+    done: bool = False
+    finish_reason: str | None = None  # "answer" | "budget" | "eos"
+    force_answer: bool = False  # the last observation ended with the opening answer tag
+
+    @property
+    def answer(self) -> str | None:
+        return self.infos[-1].answer if self.infos and self.infos[-1].kind == "answer" else None
+
+    @property
+    def n_searches(self) -> int:
+        return sum(i.kind == "search" and i.valid for i in self.infos)
+
+    @property
+    def n_turns(self) -> int:
+        return sum(i.kind != "answer" for i in self.infos)
+
+    def text(self) -> str:
+        """Prompt + every action and observation, in order."""
+        parts = [self.prompt]
+        for a, o in zip(self.actions, self.observations):
+            parts += [a, o]
+        return "".join(parts)
+
+
+_BOXED = re.compile(r"\\boxed\{(.*)\}", re.S)
+
+
+class SearchEnv:
+    def __init__(
+        self,
+        retriever: Retriever,
+        tags: str | TagSet = "search_r1",
+        template: str = "search_r1",
+        topk: int = 3,
+        max_turns: int = 4,
+        max_query_chars: int = 256,
+        on_budget: str = "force_answer",
+        doc_max_words: int | None = None,
+    ) -> None:
+        if on_budget not in ("force_answer", "end"):
+            raise ValueError(f"on_budget must be 'force_answer' or 'end', got {on_budget!r}")
+        self.retriever = retriever
+        self.tags = TAGSETS[tags] if isinstance(tags, str) else tags
+        self.template = TEMPLATES.get(template, template)
+        self.topk, self.max_turns, self.max_query_chars = topk, max_turns, max_query_chars
+        self.on_budget, self.doc_max_words = on_budget, doc_max_words
+
+    # ------------------------------------------------------------------ episodes
+    def reset(self, example: Example) -> EnvState:
+        return EnvState(example=example, prompt=self.template.format(question=example.question))
+
+    def step(self, state: EnvState, action: str, eos: bool = False) -> tuple[str, bool, StepInfo]:
+        return self.step_batch([state], [action], [eos])[0]
+
+    def step_batch(
+        self, states: list[EnvState], actions: list[str], eos: list[bool] | None = None
+    ) -> list[tuple[str, bool, StepInfo]]:
+        """Advance each episode by one action; all searches go to the retriever in one batch."""
+        eos = eos or [False] * len(states)
+        parsed = [self.parse(a, forced=s.force_answer) for s, a in zip(states, actions)]
+        queries = [p.query or "" for p in parsed if p.kind == "search" and p.valid]
+        results = iter(self.retriever.search(queries, self.topk) if queries else [])
+        out = []
+        for state, action, info, ended in zip(states, actions, parsed, eos):
+            if state.done:
+                raise ValueError(f"episode {state.example.id} is already done; reset it before stepping")
+            docs: list[Doc] = []
+            if info.kind == "search" and info.valid:
+                docs = next(results)
+                info = StepInfo(
+                    kind="search", valid=True, query=info.query, doc_ids=tuple(d.id for d in docs)
+                )
+            obs, done, reason = self._observe(state, info, docs, ended)
+            state.actions.append(action)
+            state.observations.append(obs)
+            state.infos.append(info)
+            state.retrieved.append(docs)
+            state.done, state.finish_reason = done, reason
+            state.force_answer = obs.endswith(self.tags.answer_open)
+            out.append((obs, done, info))
+        return out
+
+    def _observe(
+        self, state: EnvState, info: StepInfo, docs: list[Doc], ended: bool
+    ) -> tuple[str, bool, str | None]:
+        t = self.tags
+        if info.kind == "answer":
+            return "", True, "answer"
+        if ended:  # EOS (or the length cap) without an answer: nothing more will be generated
+            return "", True, "eos"
+        if info.kind == "search" and info.valid:
+            obs = f"\n\n{t.info_open}{self.format_docs(docs)}{t.info_close}\n\n"
+        else:
+            obs = INVALID_FEEDBACK.format(
+                so=t.search_open, sc=t.search_close, ao=t.answer_open, ac=t.answer_close
+            )
+        if state.n_turns + 1 >= self.max_turns:  # this step used the last turn of the budget
+            if self.on_budget == "end":
+                return obs, True, "budget"
+            return obs + t.answer_open, False, None
+        return obs, False, None
+
+    def format_docs(self, docs: list[Doc]) -> str:
+        lines = []
+        for i, d in enumerate(docs, 1):
+            text = d.text
+            if self.doc_max_words is not None:
+                text = " ".join(text.split()[: self.doc_max_words])
+            lines.append(f"Doc {i}(Title: {d.title}) {text}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ parsing
+    def parse(self, action: str, forced: bool = False) -> StepInfo:
+        """Classify one action. ``forced``: the answer tag was already emitted by the environment."""
+        t = self.tags
+        text = (t.answer_open + action) if forced else action
+        a_open, a_close = text.find(t.answer_open), text.find(t.answer_close)
+        s_open = text.find(t.search_open)
+        is_answer = a_open >= 0 and (s_open < 0 or a_open < s_open)
+        if is_answer:
+            return self._parse_answer(text, forced)
+        if s_open >= 0:
+            s_close = text.find(t.search_close, s_open)
+            if s_close < 0:
+                return StepInfo("invalid", False, "unclosed_tag")
+            query = " ".join(text[s_open + len(t.search_open) : s_close].split())
+            if not query:
+                return StepInfo("invalid", False, "empty_query")
+            if len(query) > self.max_query_chars:
+                return StepInfo("invalid", False, "query_too_long", query=query[: self.max_query_chars])
+            return StepInfo("search", True, query=query)
+        if a_close >= 0:
+            return StepInfo("invalid", False, "unclosed_tag")
+        return StepInfo("invalid", False, "no_action")
+
+    def _parse_answer(self, text: str, forced: bool) -> StepInfo:
+        t = self.tags
+        blocks = re.findall(re.escape(t.answer_open) + r"(.*?)" + re.escape(t.answer_close), text, re.S)
+        if not blocks:
+            return StepInfo("answer", False, "unclosed_tag", forced=forced)
+        raw = blocks[-1]
+        answer: str | None = " ".join(raw.split())
+        error = None
+        if t.boxed:
+            m = _BOXED.search(raw)
+            answer = " ".join(m.group(1).split()) if m else None
+            if m is None:
+                error = "missing_boxed"
+        if len(blocks) > 1:
+            error = "multiple_answers"
+        elif text[text.rfind(t.answer_close) + len(t.answer_close) :].strip():
+            error = "text_after_answer"
+        elif not answer:
+            error = error or "empty_answer"
+        return StepInfo("answer", error is None, error, answer=answer or None, forced=forced)
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, example: Example, actions: list[str], observations: list[str] | None = None) -> EnvState:
+        """Rebuild an episode from recorded actions. With ``observations`` nothing is retrieved again."""
+        state = self.reset(example)
+        for i, action in enumerate(actions):
+            if observations is None:
+                self.step(state, action)
+                continue
+            info = self.parse(action, forced=state.force_answer)
+            state.actions.append(action)
+            state.observations.append(observations[i])
+            state.infos.append(info)
+            state.retrieved.append([])
+            state.done = info.kind == "answer"
+            state.finish_reason = "answer" if state.done else None
+            state.force_answer = observations[i].endswith(self.tags.answer_open)
+        return state

@@ -1,0 +1,179 @@
+"""A scripted teacher that solves questions with their decompositions, through the real `SearchEnv`.
+
+It writes think / search / answer actions in either tag style; the environment supplies the retrieved
+documents. In clean mode it searches each hop's gold keys until the gold document comes back, and only
+then states the sub-answer it read. In noisy mode it also makes the mistakes RL should remove, at
+configurable rates: repeating an earlier search, answering after too few hops, and issuing a vague query.
+Trajectories feed the SFT warm start; with ``rename_prob`` > 0 every entity name in a trajectory is
+consistently replaced by a fresh name from the world's pool, so a model must learn to copy names from what
+it retrieved rather than memorise the training facts.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from searchrl.data.example import Example
+from searchrl.envs.search import EnvState, SearchEnv
+from searchrl.envs.synthetic.world import World
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    noisy: bool = False
+    p_repeat: float = 0.15  # after a successful search, repeat the same query once
+    p_early: float = 0.10  # after a hop (not the last), answer with the current sub-answer
+    p_vague: float = 0.15  # before a hop's proper query, issue one without its entity
+    rename_prob: float = 0.0  # share of trajectories whose entity names are renamed
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("p_repeat", "p_early", "p_vague", "rename_prob"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"teacher.{name} must be in [0, 1], got {v}")
+
+
+_NAME = re.compile(r"\b[A-Z][a-z]+(?: University)?\b")
+
+
+def vague_query(question: str) -> str:
+    """The sub-question without its entity names: 'Who directed Keve?' -> 'who directed'."""
+    words = _NAME.sub(" ", question.rstrip("?"))
+    return " ".join(words.split()).lower() or "information"
+
+
+class TeacherEpisode:
+    """State machine for one question. ``next_action`` reads the environment state after each step."""
+
+    def __init__(self, example: Example, env: SearchEnv, config: TeacherConfig, rng: random.Random) -> None:
+        if not example.hops:
+            raise ValueError(f"the teacher needs a decomposition; example {example.id} has no hops")
+        self.ex, self.env, self.cfg, self.rng = example, env, config, rng
+        self.hop = 0  # index of the hop being solved
+        self.key = 0  # index of the next gold key to try for that hop
+        self.found: list[str] = []
+        self.pending: str | None = None  # the query whose result we are waiting for
+        self.vague_done = False
+        self.early_done = False
+        self.repeat_query: str | None = None
+        self.just_found = False
+
+    @property
+    def best_answer(self) -> str:
+        return self.found[-1] if self.found else "unknown"
+
+    def _answer(self, ans: str) -> str:
+        return f"<think> So the answer is {ans}. </think>\n{self.env.tags.format_answer(ans)}"
+
+    def _search(self, think: str, query: str) -> str:
+        self.pending = query
+        t = self.env.tags
+        return f"{t.think_open} {think} {t.think_close}\n{t.search_open} {query} {t.search_close}"
+
+    def _read_result(self, state: EnvState) -> str:
+        """Update what the teacher knows from its last search; returns a note for the next thought."""
+        if self.pending is None or not state.infos:
+            return ""
+        hops, last = self.ex.hops, state.infos[-1]
+        self.pending = None
+        if self.repeat_query is not None:
+            self.repeat_query = None  # that was a redundant repeat: nothing new
+            return "Nothing new."
+        hop = hops[self.hop]
+        if hop.gold_doc_id is None or hop.gold_doc_id not in last.doc_ids:
+            return "Not found."
+        self.found.append(hop.answer)
+        self.hop, self.key, self.vague_done = self.hop + 1, 0, False
+        self.just_found = True
+        return f"Found: {hop.answer}."
+
+    def next_action(self, state: EnvState) -> str:
+        t, cfg, hops = self.env.tags, self.cfg, self.ex.hops
+        query, self.just_found = self.pending, False
+        note = self._read_result(state)
+        if state.force_answer:  # the turn budget ran out: the environment already wrote <answer>
+            return t.format_answer(self.best_answer)[len(t.answer_open) :]
+        if self.just_found and query is not None and cfg.noisy and self.rng.random() < cfg.p_repeat:
+            self.repeat_query = query
+            return self._search(f"{note} Let me check again.", query)
+        if self.hop == len(hops):
+            return self._answer(self.best_answer)
+        if cfg.noisy and not self.early_done and self.found and self.rng.random() < cfg.p_early:
+            self.early_done = True
+            return self._answer(self.best_answer)
+        hop = hops[self.hop]
+        think = f"{note} Next: {hop.question}".strip()
+        if cfg.noisy and not self.vague_done and self.rng.random() < cfg.p_vague:
+            self.vague_done = True
+            return self._search(think, vague_query(hop.question))
+        if self.key >= len(hop.keys):  # every gold key failed: give up honestly
+            return self._answer(self.best_answer)
+        self.key += 1
+        return self._search(think, hop.keys[self.key - 1])
+
+
+def run_teacher(
+    env: SearchEnv, examples: list[Example], config: TeacherConfig | None = None, max_steps: int = 32
+) -> list[EnvState]:
+    """Run the teacher on every example, batching the environment's retrieval across episodes."""
+    config = config or TeacherConfig()
+    rng = random.Random(config.seed)
+    states = [env.reset(ex) for ex in examples]
+    episodes = [TeacherEpisode(ex, env, config, random.Random(rng.random())) for ex in examples]
+    for _ in range(max_steps):
+        active = [i for i, s in enumerate(states) if not s.done]
+        if not active:
+            break
+        actions = [episodes[i].next_action(states[i]) for i in active]
+        env.step_batch([states[i] for i in active], actions)
+    return states
+
+
+def trajectory_record(state: EnvState, world: World | None = None, rename: bool = False,
+                      rng: random.Random | None = None) -> dict[str, Any]:  # fmt: skip
+    """A JSON-able SFT record of a finished episode, optionally with every entity consistently renamed."""
+    ex = state.example
+    texts: dict[str, Any] = {
+        "question": ex.question,
+        "prompt": state.prompt,
+        "actions": list(state.actions),
+        "observations": list(state.observations),
+        "answers": list(ex.answers),
+    }
+    mapping: dict[str, str] = {}
+    if rename:
+        if world is None or rng is None:
+            raise ValueError("renaming needs the world (for its name pool) and an rng")
+        flat = [texts["prompt"], *texts["actions"], *texts["observations"], *texts["answers"]]
+        mapping = world.rename_map(rng, flat)
+
+        def rn(x: Any) -> Any:
+            return (
+                [world.apply_renaming(s, mapping) for s in x]
+                if isinstance(x, list)
+                else world.apply_renaming(x, mapping)
+            )
+
+        texts = {k: rn(v) for k, v in texts.items()}
+    return {
+        "id": ex.id,
+        **texts,
+        "renamed": bool(mapping),
+        "finish_reason": state.finish_reason,
+        "n_searches": state.n_searches,
+        "answer": world.apply_renaming(state.answer, mapping)
+        if (world and mapping and state.answer)
+        else state.answer,
+    }
+
+
+def teacher_records(
+    env: SearchEnv, world: World, examples: list[Example], config: TeacherConfig
+) -> list[dict[str, Any]]:
+    states = run_teacher(env, examples, config)
+    rng = random.Random(config.seed + 7)
+    return [trajectory_record(s, world, rename=rng.random() < config.rename_prob, rng=rng) for s in states]

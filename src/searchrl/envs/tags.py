@@ -1,0 +1,70 @@
+"""Tag protocols and prompt templates.
+
+``search_r1``: <think>/<search>/<information>/<answer> (Search-R1, StepSearch).
+``research``: <think>/<search>/<result>/<answer> with the answer inside \\boxed{} (ReSearch, Table 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TagSet:
+    name: str
+    info_open: str
+    info_close: str
+    boxed: bool = False  # the final answer must be written \boxed{...} inside <answer>
+    think_open: str = "<think>"
+    think_close: str = "</think>"
+    search_open: str = "<search>"
+    search_close: str = "</search>"
+    answer_open: str = "<answer>"
+    answer_close: str = "</answer>"
+
+    @property
+    def stop_strings(self) -> tuple[str, str]:
+        """Generation stops right after either of these (DESIGN §4.4)."""
+        return (self.search_close, self.answer_close)
+
+    @property
+    def all_tags(self) -> tuple[str, ...]:
+        return (self.think_open, self.think_close, self.search_open, self.search_close,
+                self.info_open, self.info_close, self.answer_open, self.answer_close)  # fmt: skip
+
+    def format_answer(self, answer: str) -> str:
+        body = f"The final answer is \\boxed{{{answer}}}" if self.boxed else answer
+        return f"{self.answer_open} {body} {self.answer_close}"
+
+
+TAGSETS: dict[str, TagSet] = {
+    "search_r1": TagSet("search_r1", "<information>", "</information>"),
+    "research": TagSet("research", "<result>", "</result>", boxed=True),
+}
+ALL_TAG_STRINGS: tuple[str, ...] = tuple(dict.fromkeys(t for ts in TAGSETS.values() for t in ts.all_tags))
+
+# Prompt templates. `short` suits the tiny local models; the others are the papers' own.
+TEMPLATES: dict[str, str] = {
+    "short": "Question: {question}\n",
+    "search_r1": (
+        "Answer the given question. You must conduct reasoning inside <think> and </think> first every time "
+        "you get new information. After reasoning, if you find you lack some knowledge, you can call a search "
+        "engine by <search> query </search> and it will return the top searched results between <information> "
+        "and </information>. You can search as many times as your want. If you find no further external "
+        "knowledge needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
+        "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
+    ),
+    # ReSearch Table 1, template for base models.
+    "research": (
+        "A conversation between User and Assistant. The user asks a question, and the assistant solves it. "
+        "The assistant first thinks about the reasoning process in the mind and then provides the user with "
+        "the answer. During thinking, the assistant can invoke the wikipedia search tool to search for fact "
+        "information about specific topics if needed. The reasoning process and answer are enclosed within "
+        "<think> </think> and <answer> </answer> tags respectively, and the search query and result are "
+        "enclosed within <search> </search> and <result> </result> tags respectively. For example, <think> "
+        "This is the reasoning process. </think> <search> search query here </search> <result> search result "
+        "here </result> <think> This is the reasoning process. </think> <answer> The final answer is "
+        "\\boxed{{answer here}} </answer>. In the last part of the answer, the final exact answer is enclosed "
+        "within \\boxed{{}} with latex format. User: {question}. Assistant:"
+    ),
+}

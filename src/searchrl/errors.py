@@ -1,0 +1,54 @@
+"""User-facing errors. Every message names where the problem is and what would be valid."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def close_match(value: object, choices: Iterable[str]) -> str | None:
+    """Best close match for a typo, or None."""
+    if not isinstance(value, str):
+        return None
+    hits = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.5)
+    return hits[0] if hits else None
+
+
+class SearchRLError(Exception):
+    """Base class for errors meant to be read by a user (printed without a traceback by the CLI)."""
+
+
+class ConfigError(SearchRLError, ValueError):
+    """A bad experiment config: names the file, the key, the bad value and the valid choices."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        key: str | None = None,
+        value: object = None,
+        choices: Iterable[str] | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.problem, self.file, self.key, self.value = problem, file, key, value
+        self.choices = sorted(choices) if choices is not None else None
+        parts = [f"{file or '<config>'}: " + (f"key '{key}': " if key else "") + problem]
+        if value is not None:
+            parts.append(f"  got: {value!r}")
+        if self.choices is not None:
+            shown = ", ".join(self.choices) if self.choices else "(none registered)"
+            parts.append(f"  valid: {shown}")
+            guess = close_match(value, self.choices)
+            if guess is not None:
+                parts.append(f"  did you mean '{guess}'?")
+        if hint:
+            parts.append(f"  hint: {hint}")
+        super().__init__("\n".join(parts))
+
+
+class RegistryError(SearchRLError, KeyError):
+    """Unknown or duplicate registry name."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])

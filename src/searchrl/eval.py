@@ -1,0 +1,88 @@
+"""Evaluation: answer metrics and search behaviour over finished episodes, written as JSON and markdown."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from searchrl.answers import answer_scores
+from searchrl.envs.search import EnvState
+
+
+def redundant_searches(state: EnvState) -> int:
+    """Searches whose documents had all been retrieved earlier in the episode."""
+    seen: set[str] = set()
+    count = 0
+    for info in state.infos:
+        if info.kind == "search" and info.valid:
+            if info.doc_ids and set(info.doc_ids) <= seen:
+                count += 1
+            seen.update(info.doc_ids)
+    return count
+
+
+def gold_recall(state: EnvState) -> float | None:
+    """Share of the example's gold documents retrieved at some step (None when the data names none)."""
+    gold = set(state.example.gold_doc_ids)
+    if not gold:
+        return None
+    got = {d for info in state.infos for d in info.doc_ids}
+    return len(gold & got) / len(gold)
+
+
+def episode_metrics(states: Sequence[EnvState]) -> dict[str, Any]:
+    """Mean EM / F1 / sub-EM, searches and invalid actions per question, finish reasons, EM by hop count."""
+    n = len(states)
+    if n == 0:
+        return {"n": 0}
+    totals: dict[str, float] = defaultdict(float)
+    by_hops: dict[int, list[float]] = defaultdict(list)
+    reasons: Counter[str] = Counter()
+    recalls = []
+    actions = invalid = searches = redundant = 0
+    for s in states:
+        scores = answer_scores(s.answer, s.example.answers)
+        for k, v in scores.items():
+            totals[k] += v
+        by_hops[s.example.n_hops].append(scores["em"])
+        reasons[s.finish_reason or "unfinished"] += 1
+        actions += len(s.infos)
+        invalid += sum(not i.valid for i in s.infos)
+        searches += s.n_searches
+        redundant += redundant_searches(s)
+        r = gold_recall(s)
+        if r is not None:
+            recalls.append(r)
+    out: dict[str, Any] = {k: v / n for k, v in totals.items()}
+    out.update(
+        n=n,
+        searches_per_question=searches / n,
+        invalid_action_rate=invalid / max(actions, 1),
+        redundant_search_rate=redundant / max(searches, 1),
+        finish_reasons=dict(sorted(reasons.items())),
+        em_by_hops={h: sum(v) / len(v) for h, v in sorted(by_hops.items())},
+    )
+    if recalls:
+        out["gold_doc_recall"] = sum(recalls) / len(recalls)
+    return out
+
+
+def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
+    cols = ["n", "em", "f1", "sub_em", "searches_per_question", "invalid_action_rate", "gold_doc_recall"]
+    lines = ["| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, m in rows.items():
+        cells = [f"{m[c]:.3f}" if isinstance(m.get(c), float) else str(m.get(c, "")) for c in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_results(out_dir: str | Path, name: str, metrics: dict[str, Any]) -> tuple[Path, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / f"{name}.json", out / f"{name}.md"
+    js.write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    md.write_text(markdown_table({name: metrics}) + "\n", encoding="utf-8")
+    return js, md

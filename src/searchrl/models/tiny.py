@@ -1,0 +1,101 @@
+"""Small Qwen2-architecture models and byte-level BPE tokenizers, built locally (no hub access).
+
+The tag strings of both protocols are single special tokens, so stop-at-tag generation and loss masks
+work on token ids. Everything is saved in Hugging Face format and loads with ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from searchrl.envs.tags import ALL_TAG_STRINGS
+
+EOS, PAD = "<|endoftext|>", "<|pad|>"
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD, *CHAT_TOKENS, *ALL_TAG_STRINGS)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int  # tokenizer vocabulary (merges included)
+    max_position_embeddings: int = 2048
+
+
+SIZES: dict[str, ModelSize] = {
+    # ~0.5M parameters: unit and integration tests.
+    "tiny": ModelSize(96, 2, 4, 2, 256, vocab_size=2048),
+    # ~4M parameters: the embedded default that learns the synthetic world on a CPU.
+    "small": ModelSize(256, 4, 4, 2, 688, vocab_size=4096),
+}
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None):
+    """Byte-level BPE (lossless on any text) with every tag string as one special token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, padding_side="left")
+    if out_dir is not None:
+        hf.save_pretrained(str(out_dir))
+    return hf
+
+
+def build_model(size: str | ModelSize, tokenizer, seed: int = 0):
+    """A randomly initialised Qwen2ForCausalLM matching ``tokenizer``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    spec = SIZES[size] if isinstance(size, str) else size
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg)
+
+
+def build_local_model(size: str, texts: Iterable[str], out_dir: str | Path, seed: int = 0) -> Path:
+    """Train a tokenizer on ``texts``, build a model of ``size`` and save both to ``out_dir``."""
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(texts, SIZES[size].vocab_size)
+    model = build_model(size, tokenizer, seed=seed)
+    tokenizer.save_pretrained(str(out))
+    model.save_pretrained(str(out))
+    (out / "searchrl_model.json").write_text(
+        __import__("json").dumps({"size": size, "seed": seed, **asdict(SIZES[size])}, indent=1),
+        encoding="utf-8",
+    )
+    return out
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

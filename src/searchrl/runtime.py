@@ -1,0 +1,119 @@
+"""Turn an `Experiment` into the objects a run needs: the world, question splits, corpus, retriever, env.
+
+Shared by every command (eval, train, collect) so that they all see the same data the same way.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from searchrl.config import Experiment
+from searchrl.data.corpus import Doc, load_corpus
+from searchrl.data.example import Example
+from searchrl.data.loaders import load_examples
+from searchrl.envs.retrievers import build_retriever
+from searchrl.envs.retrievers.base import Retriever
+from searchrl.envs.search import SearchEnv
+from searchrl.envs.synthetic.world import World
+from searchrl.errors import ConfigError
+
+
+class Runtime:
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+
+    @cached_property
+    def world(self) -> World | None:
+        """The synthetic world (loaded from `data.world_dir`, or generated once into the run directory)."""
+        if self.exp.data.source != "synthetic":
+            return None
+        world_dir = Path(self.exp.data.world_dir) if self.exp.data.world_dir else self.exp.out / "world"
+        if (world_dir / "world.json").exists():
+            world = World.load(world_dir)
+            if self.exp.data.world_dir is None and world.config != self.exp.data.world:
+                world = World.generate(self.exp.data.world)  # config changed since: regenerate
+                world.save(world_dir)
+            return world
+        if self.exp.data.world_dir is not None:
+            raise ConfigError("no world found there; create it with `searchrl world --out DIR`",
+                              key="data.world_dir", value=str(world_dir))  # fmt: skip
+        world = World.generate(self.exp.data.world)
+        world.save(world_dir)
+        return world
+
+    @property
+    def world_dir(self) -> Path:
+        return Path(self.exp.data.world_dir) if self.exp.data.world_dir else self.exp.out / "world"
+
+    @cached_property
+    def corpus(self) -> list[Doc]:
+        path = self.exp.env.retriever.corpus or self.exp.data.corpus
+        if path is not None:
+            return load_corpus(path)
+        if self.world is not None:
+            return self.world.documents()
+        raise ConfigError("no retrieval corpus: set env.retriever.corpus or data.corpus", key="data.corpus")
+
+    def examples(self, split: str) -> list[Example]:
+        data = self.exp.data
+        if self.world is not None:
+            out = self.world.examples(split)
+        else:
+            path = getattr(data, split, None) if split in ("train", "dev", "test") else None
+            if path is None:
+                raise ConfigError(f"no question file for split '{split}'", key=f"data.{split}")
+            corpus = self.corpus if (self.exp.env.retriever.corpus or data.corpus) else None
+            out = load_examples(path, "auto" if data.source == "auto" else data.source, corpus=corpus)
+        return out[: data.limit] if data.limit is not None else out
+
+    @cached_property
+    def retriever(self) -> Retriever:
+        r = self.exp.env.retriever
+        if r.name == "http":
+            return build_retriever("http", cache=r.cache, **r.args)
+        return build_retriever(r.name, corpus=self.corpus, index=r.index, cache=r.cache, **r.args)
+
+    def env(self) -> SearchEnv:
+        e = self.exp.env
+        return SearchEnv(self.retriever, tags=e.tags, template=e.template, topk=e.topk, max_turns=e.max_turns,
+                         max_query_chars=e.max_query_chars, on_budget=e.on_budget,
+                         doc_max_words=e.doc_max_words)  # fmt: skip
+
+
+def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -> list[str]:
+    """Text a local tokenizer is trained on: the corpus, every question, the whole name pool, and
+    teacher trajectories in both tag styles (so the think/search phrasing gets its own merges)."""
+    from dataclasses import replace
+
+    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.envs.tags import TAGSETS
+
+    texts = [f"{d.title} {d.text}" for d in world.documents()]
+    for split in ("train", "dev", "test"):
+        texts += [ex.question for ex in world.examples(split)]
+    for names in world.name_pool.values():
+        texts += [" ".join(names)] * 3
+    for tags in TAGSETS.values():
+        styled = SearchEnv(
+            env.retriever, tags=tags, template=env.template, topk=env.topk, max_turns=env.max_turns
+        )
+        cfg = replace(TeacherConfig(), noisy=True, rename_prob=0.5)
+        for rec in teacher_records(styled, world, world.examples("train")[:teacher_examples], cfg):
+            texts += rec["actions"]
+    return texts
+
+
+def local_model_dir(rt: Runtime) -> Path:
+    """Build (once) the local model of `model.size` for this experiment's world, and return its path."""
+    from searchrl.models.tiny import build_local_model
+
+    m = rt.exp.model
+    if m.path is not None:
+        return Path(m.path)
+    if rt.world is None:
+        raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
+    out = rt.world_dir / f"model-{m.size}"
+    if not (out / "config.json").exists():
+        build_local_model(m.size, tokenizer_texts(rt.world, rt.env()), out, seed=rt.exp.seed)
+    return out

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def fixtures() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def small_world():
+    """A small synthetic world shared by the tests (generated in well under a second)."""
+    from searchrl.envs.synthetic.world import World, WorldConfig
+
+    cfg = WorldConfig(seed=1, persons=120, cities=40, countries=6, films=50, companies=30, universities=15,
+                      bands=20, questions=(400, 60, 120))  # fmt: skip
+    return World.generate(cfg)
+
+
+@pytest.fixture(scope="session")
+def world_bm25(small_world):
+    from searchrl.envs.retrievers import build_retriever
+
+    return build_retriever("bm25", small_world.documents())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, small_world, world_bm25):
+    """The tiny local model and tokenizer, built once per session from the small world."""
+    from searchrl.envs.search import SearchEnv
+    from searchrl.models.tiny import build_local_model
+    from searchrl.runtime import tokenizer_texts
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    env = SearchEnv(world_bm25, template="short", max_turns=6)
+    return build_local_model("tiny", tokenizer_texts(small_world, env, teacher_examples=100), out, seed=0)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data when it is beside the checkout (developers' machines and CI); skipped otherwise."""
+    path = Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not path.exists():
+        pytest.skip("../shared/data is not present")
+    return path

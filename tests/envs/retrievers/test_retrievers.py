@@ -1,0 +1,130 @@
+import threading
+import time
+
+import pytest
+
+from searchrl.data.corpus import Doc, load_corpus
+from searchrl.envs.retrievers import build_retriever
+from searchrl.envs.retrievers.bm25 import BM25Retriever
+from searchrl.envs.retrievers.cache import CachedRetriever
+from searchrl.envs.retrievers.http import HTTPRetriever, RetrieverUnavailable, make_server
+from searchrl.envs.retrievers.hybrid import HybridRetriever
+
+
+@pytest.fixture(scope="module")
+def corpus(fixtures):
+    return load_corpus(fixtures / "corpus.jsonl")
+
+
+def ids(rows):
+    return [[d.id for d in row] for row in rows]
+
+
+def test_bm25_batched_ranking(corpus):
+    r = BM25Retriever(corpus)
+    out = r.search(["capital of France", "Shakespeare tragedy", "zzzz unknownword", ""], 2)
+    assert out[0][0].title == "Paris" and out[1][0].title == "Hamlet"
+    assert out[2] == [] and out[3] == []  # no overlap / empty query: nothing, never a crash
+    assert out[0][0].score > 0 and len(out[0]) <= 2
+
+
+def test_bm25_save_load_same_results(tmp_path, corpus):
+    r = BM25Retriever(corpus)
+    r.save(tmp_path / "idx")
+    again = BM25Retriever.load(tmp_path / "idx")
+    qs = ["capital city", "play by Shakespeare"]
+    assert ids(again.search(qs, 3)) == ids(r.search(qs, 3))
+    with pytest.raises(FileNotFoundError, match="build the index with `searchrl index --retriever bm25`"):
+        BM25Retriever.load(tmp_path / "missing")
+
+
+def test_build_retriever_builds_then_loads_index(tmp_path, fixtures):
+    idx = tmp_path / "bm25"
+    a = build_retriever("bm25", corpus=fixtures / "corpus.jsonl", index=idx)
+    assert (idx / "index.json").exists()
+    b = build_retriever("bm25", index=idx, cache=10)
+    assert isinstance(b, CachedRetriever)
+    assert ids(b.search(["Berlin Germany"], 1)) == ids(a.search(["Berlin Germany"], 1)) == [["2"]]
+
+
+def test_dense_and_hybrid(tmp_path, corpus):
+    pytest.importorskip("faiss")
+    from searchrl.envs.retrievers.dense import DenseRetriever
+
+    d = DenseRetriever(corpus)
+    out = d.search(["Which city is the capital of France?", "Who wrote the tragedy Hamlet?"], 2)
+    assert out[0][0].title == "Paris" and out[1][0].title == "Hamlet"
+    d.save(tmp_path / "dense")
+    again = DenseRetriever.load(tmp_path / "dense")
+    assert ids(again.search(["German capital"], 2)) == ids(d.search(["German capital"], 2))
+    h = HybridRetriever([BM25Retriever(corpus), d], rrf_k=60)
+    top = h.search(["Shakespeare play Scotland"], 2)[0]
+    assert top[0].title == "Macbeth"
+
+
+def test_hybrid_rrf_hand_computed():
+    class Fixed:
+        def __init__(self, order):
+            self.order = order
+
+        def search(self, queries, k):
+            return [[Doc(id=i, title=i, text="") for i in self.order[:k]] for _ in queries]
+
+    h = HybridRetriever([Fixed(["a", "b", "c"]), Fixed(["c", "a", "d"])], rrf_k=1, depth=3)
+    [row] = h.search(["q"], 4)
+    # a: 1/2 + 1/3 = .833, c: 1/4 + 1/2 = .75, b: 1/3, d: 1/4
+    assert [d.id for d in row] == ["a", "c", "b", "d"]
+    assert row[0].score == pytest.approx(1 / 2 + 1 / 3)
+
+
+def test_cache_hits_and_eviction(corpus):
+    class Counting:
+        def __init__(self):
+            self.seen = []
+
+        def search(self, queries, k):
+            self.seen += queries
+            return [[Doc(id=q, title=q, text="")] for q in queries]
+
+    inner = Counting()
+    c = CachedRetriever(inner, maxsize=2)
+    assert ids(c.search(["a", "b", "a"], 1)) == [["a"], ["b"], ["a"]]
+    assert inner.seen == ["a", "b"]  # duplicates inside one batch are looked up once
+    c.search(["a"], 1)
+    assert c.hits == 2 and inner.seen == ["a", "b"]
+    c.search(["c"], 1)  # evicts the least recently used ("b")
+    c.search(["b"], 1)
+    assert inner.seen == ["a", "b", "c", "b"]
+
+
+def test_http_round_trip_against_real_server(corpus):
+    local = BM25Retriever(corpus)
+    server = make_server(local, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        client = HTTPRetriever(f"http://{host}:{port}", timeout=5)
+        qs = ["capital of France", "Shakespeare"]
+        remote = client.search(qs, 2)
+        assert ids(remote) == ids(local.search(qs, 2))
+        assert remote[0][0].title == "Paris" and remote[0][0].text.startswith("Paris is the capital")
+        assert remote[0][0].score == pytest.approx(local.search(qs, 2)[0][0].score)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_http_client_clear_error_when_server_down():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = HTTPRetriever(f"http://127.0.0.1:{port}/retrieve", timeout=1, retries=2, backoff=0.05)
+    t = time.perf_counter()
+    with pytest.raises(
+        RetrieverUnavailable, match=r"did not answer after 3 attempts(.|\n)*searchrl serve-retriever"
+    ):
+        client.search(["x"], 1)
+    assert time.perf_counter() - t >= 0.05 + 0.1  # it backed off between attempts

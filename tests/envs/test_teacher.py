@@ -1,0 +1,71 @@
+import random
+
+from searchrl.answers import exact_match
+from searchrl.envs.search import SearchEnv
+from searchrl.envs.synthetic.teacher import TeacherConfig, run_teacher, teacher_records, vague_query
+from searchrl.eval import episode_metrics
+
+
+def test_clean_teacher_reaches_em_095_on_test_with_bm25(world_bm25, small_world):
+    """Acceptance: the clean teacher replayed through SearchEnv with BM25 reaches EM >= 0.95 on test."""
+    for tags in ("search_r1", "research"):
+        env = SearchEnv(world_bm25, tags=tags, template="short", topk=3, max_turns=6)
+        states = run_teacher(env, small_world.examples("test"), TeacherConfig())
+        m = episode_metrics(states)
+        assert m["em"] >= 0.95, m
+        assert m["invalid_action_rate"] == 0.0
+        for s in states:
+            assert all(i.valid for i in s.infos)
+
+
+def test_noisy_teacher_makes_each_kind_of_mistake(world_bm25, small_world):
+    env = SearchEnv(world_bm25, template="short", topk=3, max_turns=8)
+    examples = [e for e in small_world.examples("train") if e.n_hops >= 2][:200]
+    clean = episode_metrics(run_teacher(env, examples, TeacherConfig()))
+    noisy_states = run_teacher(
+        env, examples, TeacherConfig(noisy=True, p_repeat=0.5, p_early=0.3, p_vague=0.5)
+    )
+    noisy = episode_metrics(noisy_states)
+    assert noisy["em"] < clean["em"] - 0.1  # answering early costs accuracy
+    assert noisy["redundant_search_rate"] > clean["redundant_search_rate"] + 0.1  # repeats
+    queries = [i.query for s in noisy_states for i in s.infos if i.kind == "search"]
+    assert any(q == vague_query(h.question) for e in examples for h in e.hops for q in queries[:400])
+
+
+def test_teacher_only_states_answers_it_retrieved(small_world):
+    class EmptyRetriever:
+        def search(self, queries, k):
+            return [[] for _ in queries]
+
+    env = SearchEnv(EmptyRetriever(), template="short", max_turns=6)
+    states = run_teacher(env, small_world.examples("test")[:20], TeacherConfig())
+    assert all(s.answer == "unknown" for s in states)  # gives up honestly after its keys fail
+    assert all(s.n_searches == len(s.example.hops[0].keys) for s in states)
+
+
+def test_budget_forced_answer(world_bm25, small_world):
+    env = SearchEnv(world_bm25, template="short", max_turns=1)
+    ex = [e for e in small_world.examples("test") if e.n_hops == 3][:10]
+    states = run_teacher(env, ex, TeacherConfig())
+    for s in states:
+        assert s.infos[-1].forced and s.finish_reason == "answer"
+        assert s.answer == s.example.hops[0].answer  # best it had when the budget ran out
+
+
+def test_renamed_records_are_self_consistent(world_bm25, small_world):
+    env = SearchEnv(world_bm25, template="short", topk=3, max_turns=6)
+    examples = small_world.examples("train")[:30]
+    recs = teacher_records(env, small_world, examples, TeacherConfig(rename_prob=1.0, seed=3))
+    for rec, ex in zip(recs, examples):
+        assert rec["renamed"]
+        assert exact_match(rec["answer"], rec["answers"]) == 1.0  # the renamed answer matches renamed gold
+        assert rec["answers"][0] != ex.answers[0]
+        full = rec["prompt"] + "".join(a + o for a, o in zip(rec["actions"], rec["observations"]))
+        # every name the renamed answer uses was read in a retrieved document
+        assert rec["answers"][0].split()[0] in "".join(rec["observations"])
+        assert ex.answers[0].split()[0] not in full
+    plain = teacher_records(env, small_world, examples, TeacherConfig(rename_prob=0.0))
+    assert not any(r["renamed"] for r in plain)
+    rng = random.Random(0)
+    assert rng  # deterministic seeds: the same config gives the same records
+    assert teacher_records(env, small_world, examples, TeacherConfig(rename_prob=1.0, seed=3)) == recs

@@ -1,0 +1,50 @@
+import pytest
+import torch
+
+from searchrl.envs.tags import ALL_TAG_STRINGS
+from searchrl.models import count_parameters, load_model_and_tokenizer
+
+
+def test_tiny_model_loads_offline_and_tags_are_single_tokens(tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    assert model.config.model_type == "qwen2"
+    assert 300_000 <= count_parameters(model) <= 700_000  # ~0.5M
+    for tag in ALL_TAG_STRINGS:
+        ids = tok(tag, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, tag
+    text = "<think> Found: Kozuk. </think>\n<search> Kozuk university </search>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text  # byte-level BPE is lossless
+    assert tok.eos_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id
+
+
+def test_forward_and_generate(tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    enc = tok(["Question: Who directed Keve?\n"], return_tensors="pt")
+    with torch.no_grad():
+        out = model(**enc)
+    assert out.logits.shape[-1] == len(tok) and torch.isfinite(out.logits).all()
+    gen = model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert gen.shape[1] <= enc["input_ids"].shape[1] + 5
+
+
+def test_small_size_parameter_count(tmp_path, small_world, world_bm25):
+    from searchrl.envs.search import SearchEnv
+    from searchrl.models.tiny import build_local_model
+    from searchrl.runtime import tokenizer_texts
+
+    texts = tokenizer_texts(small_world, SearchEnv(world_bm25, template="short"), teacher_examples=20)
+    path = build_local_model("small", texts, tmp_path, seed=0)
+    model, _ = load_model_and_tokenizer(path)
+    assert 2_000_000 <= count_parameters(model) <= 5_000_000
+
+
+def test_bad_paths_and_sizes(tmp_path):
+    from searchrl.models.tiny import build_local_model
+
+    with pytest.raises(ValueError, match="unknown model size 'huge'; valid: tiny, small"):
+        build_local_model("huge", ["x"], tmp_path)
+    f = tmp_path / "file.bin"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="is a file; pass the directory"):
+        load_model_and_tokenizer(f)

@@ -1,0 +1,104 @@
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from searchrl.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["data.world.persons=80", "data.world.cities=30", "data.world.films=30", "data.world.companies=20",
+         "data.world.universities=10", "data.world.bands=15", "data.world.countries=5",
+         "data.world.questions=[100, 30, 60]"]  # fmt: skip
+
+
+def test_world_command_is_deterministic(tmp_path, capsys):
+    main(["world", "--seed", "2", "--out", str(tmp_path / "a"), "persons=50", "questions=[50, 10, 10]"])
+    main(["world", "--seed", "2", "--out", str(tmp_path / "b"), "persons=50", "questions=[50, 10, 10]"])
+    assert "world seed=2" in capsys.readouterr().out
+    for f in (tmp_path / "a").iterdir():
+        assert f.read_bytes() == (tmp_path / "b" / f.name).read_bytes()
+
+
+def test_world_command_rejects_bad_setting(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["world", "--out", str(tmp_path), "persns=5"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "key 'world.persns': unknown key" in err and "did you mean 'persons'?" in err
+
+
+def test_validate(tmp_path, capsys):
+    good = REPO / "experiments" / "quickstart.yaml"
+    main(["validate", str(good)])
+    assert f"ok      {good}" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: {retriever: {name: bm52}}\n")
+    with pytest.raises(SystemExit) as e:
+        main(["validate", str(good), str(bad)])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: key 'env.retriever.name': unknown retriever name" in err and "did you mean 'bm25'?" in err
+
+
+def test_eval_teacher_writes_results_and_resolved_config(tmp_path, capsys):
+    out = tmp_path / "run"
+    main(["eval", str(REPO / "experiments" / "quickstart.yaml"), "--agent", "teacher", f"output_dir={out}",
+          "teacher.noisy=false", *SMALL])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "| eval-teacher-test | 60 | 1.000 |" in printed
+    metrics = json.loads((out / "eval-teacher-test.json").read_text())
+    assert metrics["em"] >= 0.95 and metrics["finish_reasons"] == {"answer": 60}
+    assert (out / "config.yaml").exists() and (out / "world" / "corpus.jsonl").exists()
+
+
+def test_teacher_command(tmp_path, capsys):
+    out = tmp_path / "sft.jsonl"
+    main(["teacher", str(REPO / "experiments" / "quickstart.yaml"), "--split", "train", "--out", str(out),
+          f"output_dir={tmp_path}", *SMALL])  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 100 and all(r["actions"] for r in rows)
+    assert 0.75 <= sum(r["renamed"] for r in rows) / len(rows) <= 1.0  # rename_prob 0.9 in the quickstart
+
+
+def test_index_then_serve_over_http(tmp_path, fixtures):
+    idx = tmp_path / "idx"
+    main(["index", "--retriever", "bm25", "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(idx)])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "searchrl", "serve-retriever", "--index", str(idx), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        from searchrl.envs.retrievers.http import HTTPRetriever, RetrieverUnavailable
+
+        client = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=2, retries=0)
+        deadline = time.time() + 60
+        while True:
+            try:
+                rows = client.search(["capital of France"], 1)
+                break
+            except RetrieverUnavailable:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        assert rows[0][0].title == "Paris"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_serve_needs_a_corpus(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve-retriever"])
+    assert "needs --corpus FILE or --index DIR" in capsys.readouterr().err
+
+
+def test_unknown_override_argument_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["world", "--out", "x", "--bogus"])

@@ -1,0 +1,146 @@
+"""Every bad-config case gives one clear error naming the file, the key, the value and the choices."""
+
+from pathlib import Path
+
+import pytest
+
+from searchrl.config import Experiment, check_arguments, load_experiment, save_resolved
+from searchrl.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_defaults_and_overrides(tmp_path):
+    f = write(tmp_path, "exp.yaml", "name: x\nenv: {topk: 2}\n")
+    exp = load_experiment(f, ["env.topk=5", "data.world.persons=90", "model.lora={r: 4}"])
+    assert isinstance(exp, Experiment)
+    assert exp.env.topk == 5 and exp.data.world.persons == 90 and exp.model.lora.r == 4
+    assert exp.model.lora.alpha == 32  # default kept
+
+
+def test_base_includes_merge_and_child_wins(tmp_path):
+    write(tmp_path, "base.yaml", "name: base\nenv: {topk: 2, max_turns: 3}\nrewards: [{name: em}]\n")
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    f = write(sub, "child.yaml", "base: ../base.yaml\nenv: {topk: 4}\nrewards: [{name: f1, weight: 0.5}]\n")
+    exp = load_experiment(f)
+    assert exp.name == "base" and exp.env.topk == 4 and exp.env.max_turns == 3
+    assert [r.name for r in exp.rewards] == ["f1"] and exp.rewards[0].weight == 0.5  # lists replace
+
+
+def test_unknown_key_names_file_key_and_suggestion(tmp_path):
+    f = write(tmp_path, "exp.yaml", "env:\n  topkk: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    msg = str(e.value)
+    assert str(f) in msg and "key 'env.topkk': unknown key" in msg
+    assert "valid: doc_max_words, max_query_chars" in msg and "did you mean 'topk'?" in msg
+
+
+def test_unknown_top_level_section(tmp_path):
+    f = write(tmp_path, "exp.yaml", "envv: {}\n")
+    with pytest.raises(ConfigError, match=r"key 'envv': unknown key(.|\n)*did you mean 'env'\?"):
+        load_experiment(f)
+
+
+def test_wrong_type(tmp_path):
+    f = write(tmp_path, "exp.yaml", "env: {topk: three}\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    assert f"{f}: key 'env.topk': expected an integer\n  got: 'three'" in str(e.value)
+    with pytest.raises(ConfigError, match="key 'env.tags': expected a string"):
+        load_experiment(None, ["env.tags=3"])
+    with pytest.raises(ConfigError, match="key 'teacher.noisy': expected true or false"):
+        load_experiment(None, ["teacher.noisy=1"])
+
+
+def test_unknown_retriever_reward_algorithm_names(tmp_path):
+    f = write(tmp_path, "exp.yaml", "env: {retriever: {name: bm52}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    assert "key 'env.retriever.name': unknown retriever name" in str(e.value)
+    assert "valid: bm25, dense, http, hybrid" in str(e.value) and "did you mean 'bm25'?" in str(e.value)
+
+    f = write(tmp_path, "r.yaml", "rewards: [{name: f2}]\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    assert str(f) in str(e.value) and "key 'rewards[0].name': unknown reward name" in str(e.value)
+    assert "did you mean 'f1'?" in str(e.value)
+
+    with pytest.raises(ConfigError, match=r"key 'algorithm.name': unknown algorithm name"):
+        load_experiment(None, ["algorithm.name=no_such_algorithm"])
+
+
+def test_bad_choice_and_dotted_reward_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"key 'env.tags': invalid value(.|\n)*valid: research, search_r1"):
+        load_experiment(None, ["env.tags=resarch"])
+    with pytest.raises(ConfigError, match=r"key 'model.size': invalid value(.|\n)*valid: small, tiny"):
+        load_experiment(None, ["model.size=huge"])
+    exp = load_experiment(None, ["rewards=[{name: 'searchrl.rewards.outcome:f1_reward'}]"])
+    assert exp.rewards[0].name.endswith(":f1_reward")
+    with pytest.raises(
+        ConfigError, match="cannot import module 'nopkg.x' for 'nopkg.x:y': No module named 'nopkg'"
+    ):
+        load_experiment(None, ["rewards=[{name: 'nopkg.x:y'}]"])
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope.yaml: config file not found"):
+        load_experiment(tmp_path / "nope.yaml")
+    f = write(tmp_path, "exp.yaml", "base: missing.yaml\n")
+    with pytest.raises(
+        ConfigError, match=r"exp.yaml: key 'base': base config not found\n  got: 'missing.yaml'"
+    ):
+        load_experiment(f)
+
+
+def test_override_errors_name_the_command_line():
+    with pytest.raises(
+        ConfigError, match=r"command line override 'env.topk=x': key 'env.topk': expected an integer"
+    ):
+        load_experiment(None, ["env.topk=x"])
+    with pytest.raises(ConfigError, match="an override must look like 'section.key=value'"):
+        load_experiment(None, ["env.topk"])
+
+
+def test_world_section_validation():
+    with pytest.raises(ConfigError, match="hop_weights must give 1-4 non-negative weights"):
+        load_experiment(None, ["data.world.hop_weights=[1, 1, 1, 1, 1]"])
+    with pytest.raises(ConfigError, match=r"key 'data.world.split_fractions': expected a list of 3 items"):
+        load_experiment(None, ["data.world.split_fractions=[0.5, 0.5]"])
+
+
+def test_reward_args_checked_against_signature():
+    from searchrl.rewards import register_reward
+
+    @register_reward("test_config_bonus")
+    def bonus(traj, *, answers, bonus=1.0):
+        return bonus
+
+    exp = load_experiment(None, ["rewards=[{name: test_config_bonus, args: {bonsu: 2}}]"])
+    with pytest.raises(
+        ConfigError, match=r"key 'rewards\[0\].args.bonsu': reward 'test_config_bonus' has no argument"
+    ):
+        check_arguments(exp)
+    check_arguments(load_experiment(None, ["rewards=[{name: test_config_bonus, args: {bonus: 2}}]"]))
+
+
+def test_resolved_config_round_trips(tmp_path):
+    exp = load_experiment(REPO / "experiments" / "quickstart.yaml", ["env.topk=2"])
+    path = save_resolved(exp, tmp_path)
+    again = load_experiment(path)
+    assert again == exp
+
+
+def test_every_shipped_experiment_validates():
+    files = sorted((REPO / "experiments").rglob("*.yaml"))
+    files = [f for f in files if "accelerate" not in f.parts]
+    assert files
+    for f in files:
+        check_arguments(load_experiment(f), str(f))
