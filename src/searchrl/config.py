@@ -274,6 +274,14 @@ def from_dict(cls: type, data: dict[str, Any], source: str = "<config>", key: st
 # ---------------------------------------------------------------------------------------------- conversion
 
 
+_SCALARS: dict[type, tuple[Any, str]] = {
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    float: (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
+
+
 def convert(tp: Any, value: Any, ctx: _Ctx, key: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -313,22 +321,11 @@ def convert(tp: Any, value: Any, ctx: _Ctx, key: str) -> Any:
         if not isinstance(value, dict):
             raise ctx.error(key, "expected a mapping", value=value)
         return dict(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ctx.error(key, "expected true or false", value=value)
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ctx.error(key, "expected an integer", value=value)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ctx.error(key, "expected a number", value=value)
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ctx.error(key, "expected a string", value=value)
-        return value
+    if tp in _SCALARS:
+        accepts, expected = _SCALARS[tp]
+        if not accepts(value):
+            raise ctx.error(key, f"expected {expected}", value=value)
+        return float(value) if tp is float else value
     raise TypeError(f"config type {tp!r} at '{key}' is not supported")  # a bug in a section definition
 
 
