@@ -53,3 +53,22 @@ def shared_data() -> Path:
     if not path.exists():
         pytest.skip("../shared/data is not present")
     return path
+
+
+@pytest.fixture(scope="session")
+def world_dir(tmp_path_factory, small_world):
+    return small_world.save(tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture
+def make_exp(world_dir, tiny_model_dir, tmp_path):
+    """An experiment on the small world and the tiny model, writing into this test's tmp dir."""
+    from searchrl.config import load_experiment
+
+    def make(*overrides: str):
+        return load_experiment(None, [f"data.world_dir={world_dir}", f"model.path={tiny_model_dir}",
+                                      f"output_dir={tmp_path / 'run'}", "env.template=short", "env.topk=2",
+                                      "env.max_turns=3", "rollout.max_new_tokens=16", "rollout.max_total_tokens=256",
+                                      "rollout.group_size=4", "rewards=[{name: f1}]", *overrides])  # fmt: skip
+
+    return make

@@ -132,14 +132,25 @@ def cmd_eval(args: argparse.Namespace) -> None:
     rt = Runtime(exp)
     examples = rt.examples(exp.eval.split)[: exp.eval.limit]
     t = time.perf_counter()
-    if exp.eval.agent == "teacher":
+    if exp.eval.agent == "policy":
+        from contextlib import nullcontext
+
+        from searchrl.eval import run_policy
+        from searchrl.models.load import load_model_and_tokenizer
+        from searchrl.runtime import local_model_dir
+
+        path = args.model or local_model_dir(rt)
+        model, tokenizer = load_model_and_tokenizer(path, exp.model.dtype)
+        states = run_policy(lambda: nullcontext(model), tokenizer, rt.env(), examples, exp.eval.temperature,
+                            exp.rollout.max_new_tokens, exp.rollout.max_total_tokens, exp.rollout.batch_size)  # fmt: skip
+    elif exp.eval.agent == "teacher":
         from searchrl.envs.synthetic.teacher import run_teacher
 
         if rt.world is None:
             raise SearchRLError("the teacher agent needs the synthetic world (data.source: synthetic)")
         states = run_teacher(rt.env(), examples, exp.teacher)
     else:
-        raise SearchRLError(f"unknown eval agent {exp.eval.agent!r}; valid: teacher")
+        raise SearchRLError(f"unknown eval agent {exp.eval.agent!r}; valid: policy, teacher")
     metrics = episode_metrics(states)
     metrics["seconds"] = time.perf_counter() - t
     name = f"eval-{exp.eval.agent}-{exp.eval.split}"
@@ -147,6 +158,15 @@ def cmd_eval(args: argparse.Namespace) -> None:
     print(markdown_table({name: metrics}))
     print(json.dumps({k: metrics[k] for k in ("em_by_hops", "finish_reasons")}))
     print(f"results written to {js}")
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from searchrl.config import check_arguments, load_experiment
+    from searchrl.train import train
+
+    exp = load_experiment(args.config, args.overrides)
+    check_arguments(exp, args.config)
+    train(exp, resume=args.resume)
 
 
 def _kv(items: list[str]) -> dict:
@@ -170,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out", required=True, type=Path)
     w.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="world settings, e.g. persons=200")
     w.set_defaults(fn=cmd_world)
+
+    tr = sub.add_parser("train", help="train an experiment (warm start, algorithm, evaluation)")
+    tr.add_argument("config")
+    tr.add_argument("--resume", action="store_true", help="continue from the last checkpoint of each stage")
+    _overrides(tr)
+    tr.set_defaults(fn=cmd_train)
 
     v = sub.add_parser("validate", help="check experiment files without running them")
     v.add_argument("files", nargs="+")
@@ -213,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("config")
     e.add_argument("--agent", default=None, help="policy (default) or teacher")
     e.add_argument("--split", default=None)
+    e.add_argument("--model", default=None, help="model directory for the policy agent (default: model.path)")
     _overrides(e)
     e.set_defaults(fn=cmd_eval)
     return p

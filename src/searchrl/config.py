@@ -79,7 +79,7 @@ class LoraConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     path: str | None = None  # local directory or hub id; None builds the local `size` model
-    size: Literal["tiny", "small"] = "small"
+    size: Literal["tiny", "small", "base"] = "small"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None  # null: full fine-tuning
 
@@ -100,10 +100,65 @@ class AlgorithmConfig:
 
 
 @dataclass(frozen=True)
+class RolloutConfig:
+    backend: str = field(default="hf", metadata={"registry": "generators"})
+    group_size: int = 5  # trajectories per question (ReSearch Table 4: 5 rollouts)
+    temperature: float = 1.0  # ReSearch Table 4; also divides the logits of the training log-probs
+    top_p: float = 1.0
+    max_new_tokens: int = 128  # per action (generation stops earlier at a stop tag)
+    max_total_tokens: int = 2048  # whole trajectory: prompt + actions + observations
+    batch_size: int = 64  # sequences per generation call
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = 100  # optimizer steps per epoch × mini_batch == rollout batches
+    batch_size: int = 16  # questions (online) or records (SFT) per step, across all processes
+    micro_batch_size: int = 8  # sequences per forward/backward on one process
+    lr: float = 1.0e-6  # ReSearch Table 4
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    max_grad_norm: float = 1.0
+    epochs: int = 1  # passes over each rollout batch (PPO epochs)
+    mini_batches: int = 1  # optimizer updates per pass over a rollout batch
+    save_every: int = 50  # steps between checkpoints (and at the end)
+    keep_checkpoints: int = 2
+    eval_every: int = 0  # steps between evaluations on `eval_split` (0: only at the end)
+    eval_split: str = "dev"
+    eval_limit: int | None = 200
+    log_entropy: bool = True
+    tensorboard: bool = False
+    wandb_project: str | None = None
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """SFT on the synthetic world's teacher before the main algorithm (the quickstart's first stage)."""
+
+    checkpoint: str | None = None  # an existing SFT model directory to start from instead of training
+    teacher_passes: int = 4  # teacher trajectories per train question (each pass: new noise and names)
+    trainer: TrainerConfig = field(
+        default_factory=lambda: TrainerConfig(
+            steps=600,
+            batch_size=32,
+            micro_batch_size=32,
+            lr=1.0e-3,
+            warmup_steps=30,
+            schedule="cosine",
+            eval_split="dev",
+        )  # fmt: skip
+    )
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     split: str = "test"
     limit: int | None = None
-    agent: str = "policy"  # "policy" or "teacher" (the scripted oracle, synthetic world only)
+    agent: str = "policy"  # "policy" (greedy) or "teacher" (the scripted oracle, synthetic world only)
+    temperature: float = 0.0  # 0: greedy
 
 
 @dataclass(frozen=True)
@@ -117,6 +172,9 @@ class Experiment:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     algorithm: AlgorithmConfig | None = None
     rewards: tuple[RewardSpec, ...] = ()
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warm_start: WarmStartConfig | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
@@ -131,8 +189,9 @@ def _registries() -> dict[str, Registry[Any]]:
     from searchrl.algorithms import ALGORITHMS
     from searchrl.envs.retrievers.base import RETRIEVERS
     from searchrl.rewards import REWARDS
+    from searchrl.rollout.generator import GENERATORS
 
-    return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS}
+    return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS, "generators": GENERATORS}
 
 
 def _choices(name: str) -> list[str]:

@@ -86,3 +86,29 @@ def write_results(out_dir: str | Path, name: str, metrics: dict[str, Any]) -> tu
     js.write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     md.write_text(markdown_table({name: metrics}) + "\n", encoding="utf-8")
     return js, md
+
+
+def run_policy(model_context: Any, tokenizer: Any, env: Any, examples: Sequence[Any], temperature: float = 0.0,
+               max_new_tokens: int = 128, max_total_tokens: int = 2048, batch_size: int = 64) -> list[EnvState]:  # fmt: skip
+    """Episodes of the policy on ``examples`` (greedy by default), through the shared rollout loop."""
+    from searchrl.rollout.generator import SamplingParams
+    from searchrl.rollout.hf import HFGenerator
+    from searchrl.rollout.loop import rollout
+
+    gen = HFGenerator(
+        None, tokenizer, env.tags.stop_strings, batch_size=batch_size, model_context=model_context
+    )
+    trajs, _ = rollout(examples, env, gen, tokenizer, SamplingParams(temperature, 1.0, max_new_tokens), 1,
+                       max_total_tokens)  # fmt: skip
+    return [t.state for t in trajs]  # type: ignore[misc]
+
+
+def evaluate_model_dir(path: str | Path, env: Any, examples: Sequence[Any], **kwargs: Any) -> dict[str, Any]:
+    """Load a saved model (full or LoRA adapter) and evaluate it."""
+    from contextlib import nullcontext
+
+    from searchrl.models.load import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(path)
+    states = run_policy(lambda: nullcontext(model), tokenizer, env, examples, **kwargs)
+    return episode_metrics(states)

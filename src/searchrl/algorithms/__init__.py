@@ -3,5 +3,8 @@
 from searchrl.registry import Registry
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
+# Lazy so that configs can be validated without importing torch.
+ALGORITHMS.add_lazy("sft", "searchrl.algorithms.sft:SFT")
+ALGORITHMS.add_lazy("grpo", "searchrl.algorithms.grpo:GRPO")
 
 __all__ = ["ALGORITHMS"]

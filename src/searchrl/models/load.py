@@ -13,6 +13,9 @@ def load_model_and_tokenizer(path: str | Path, dtype: str = "float32", **kwargs:
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-shard bars drown the training progress bar
 
     local = Path(path).is_dir()
     if not local and Path(path).exists():

@@ -33,3 +33,4 @@ def register_reward(name: str, kind: str = "outcome") -> Callable[[Callable[...,
 
 REWARDS.add_lazy("em", "searchrl.rewards.outcome:em_reward", kind="outcome")
 REWARDS.add_lazy("f1", "searchrl.rewards.outcome:f1_reward", kind="outcome")
+REWARDS.add_lazy("research", "searchrl.rewards.research:research_reward", kind="outcome")

@@ -84,7 +84,8 @@ class TeacherEpisode:
             self.repeat_query = None  # that was a redundant repeat: nothing new
             return "Nothing new."
         hop = hops[self.hop]
-        if hop.gold_doc_id is None or hop.gold_doc_id not in last.doc_ids:
+        # the sub-answer must be readable in what came back (a document cut short does not count)
+        if hop.gold_doc_id not in last.doc_ids or hop.answer not in state.observations[-1]:
             return "Not found."
         self.found.append(hop.answer)
         self.hop, self.key, self.vague_done = self.hop + 1, 0, False

@@ -1,0 +1,74 @@
+"""GRPO as in ReSearch (Chen et al., 2025, §2.1 eq. 1 and Appendix B).
+
+G rollouts per question; the outcome reward of each is normalised within its group,
+A_i = (r_i - mean_G r) / std_G r, broadcast over the rollout's action tokens (retrieved tokens are masked,
+§2.1 "Retrieval Result Masking"); the clipped ratio objective plus β·KL(π || π_ref) with the k3 estimator
+in the loss. Defaults are ReSearch's Table 4 (clip 0.2, KL 0.001, 5 rollouts set in `rollout.group_size`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
+from searchrl.algorithms.base import Algorithm
+from searchrl.algorithms.losses import clipped_policy_loss
+from searchrl.functional import kl_penalty, masked_sum
+from searchrl.rollout.loop import rollout
+from searchrl.types import RolloutBatch, Trajectory
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    clip_low: float = 0.2  # ε of eq. 1 (ReSearch Table 4); clip_high > clip_low gives DAPO's clip-higher
+    clip_high: float = 0.2
+    kl_coef: float = 0.001  # β (ReSearch Table 4); 0 skips the reference model entirely
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in: Literal["loss", "reward"] = "loss"  # "reward": r_i -= β Σ_t KL_t before group normalisation
+    std_normalize: bool = True  # False: Dr. GRPO (mean-centred only)
+    eps: float = 1e-6
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
+        "token-mean"
+    )
+
+
+class GRPO(Algorithm):
+    Config = GRPOConfig
+
+    def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
+        c = self.ctx
+        examples = [c.train_examples[i] for i in indices]
+        trajs, stats = rollout(
+            examples, c.env, c.generator, c.tokenizer, c.sampling, c.group_size, c.max_total_tokens
+        )
+        for t in trajs:  # group ids unique across processes: one group per question
+            t.group_id = indices[t.group_id]
+        return trajs, {**stats.metrics(), **c.rewards(trajs)}
+
+    def prepare(self, batch: RolloutBatch) -> dict[str, float]:
+        rewards = batch.rewards
+        metrics = {}
+        if self.cfg.kl_in == "reward" and self.kl_coef > 0:
+            kl = kl_penalty(batch.extras["old_logp"], batch.extras["ref_logp"], self.cfg.kl_estimator)
+            seq_kl = masked_sum(kl, batch.loss_mask, dim=-1)  # (B,)
+            rewards = rewards - self.kl_coef * seq_kl
+            metrics["kl/sequence"] = float(seq_kl.mean())
+        adv = grpo_outcome(rewards, batch.group_ids, self.cfg.std_normalize, self.cfg.eps)
+        batch.extras["advantages"] = broadcast_to_tokens(adv, batch.loss_mask)
+        return metrics
+
+    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        cfg = self.cfg
+        loss, metrics = clipped_policy_loss(logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low,
+                                            cfg.clip_high)  # fmt: skip
+        if cfg.kl_in == "loss" and self.kl_coef > 0:
+            kl = kl_penalty(logp, mb.extras["ref_logp"], cfg.kl_estimator)
+            loss = loss + self.kl_coef * kl
+            metrics["kl"] = kl.detach()
+        if entropy is not None:
+            metrics["entropy"] = entropy
+        return loss, metrics

@@ -1,0 +1,62 @@
+"""SFT: negative log-likelihood on the action tokens of given trajectories.
+
+Observation and prompt tokens are context only. Used for the warm start from the synthetic world's
+teacher, and by RAG-Gym's SFT on chosen actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from searchrl.algorithms.base import Algorithm
+from searchrl.algorithms.losses import nll_loss
+from searchrl.rollout.loop import encode
+from searchrl.types import RolloutBatch, Segment, Step, Trajectory
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+
+
+def record_to_trajectory(rec: dict[str, Any], tokenizer: Any, example: Any = None) -> Trajectory:
+    """A text record (prompt, actions, observations) as segments. These are dataset texts, not model
+    samples, so tokenizing them here is right; each piece is tokenized on its own, as at rollout time."""
+    segs = [Segment("prompt", encode(tokenizer, rec["prompt"]))]
+    steps = []
+    n = len(segs[0].token_ids)
+    for action, obs in zip(rec["actions"], rec["observations"]):
+        segs.append(Segment("action", encode(tokenizer, action)))
+        n += len(segs[-1].token_ids)
+        steps.append(Step(segment=len(segs) - 1, last_token=n - 1, info=None))  # type: ignore[arg-type]
+        if obs:
+            segs.append(Segment("observation", encode(tokenizer, obs)))
+            n += len(segs[-1].token_ids)
+    return Trajectory(example=example, segments=segs, steps=steps, finish_reason=rec.get("finish_reason"))
+
+
+class SFT(Algorithm):
+    Config = SFTConfig
+    needs_old_logprobs = False
+
+    def __init__(self, config: SFTConfig, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        if not ctx.records:
+            raise ValueError("SFT needs training records (teacher trajectories or a dataset of them)")
+        self.trajs = [record_to_trajectory(r, ctx.tokenizer) for r in ctx.records]
+
+    def num_items(self) -> int:
+        return len(self.trajs)
+
+    def collect(self, indices: Sequence[int]) -> tuple[list[Trajectory], dict[str, float]]:
+        picked = [self.trajs[i] for i in indices]
+        tokens = sum(t.n_action_tokens for t in picked)
+        return picked, {"sft/action_tokens": float(tokens)}
+
+    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        return nll_loss(logp)

@@ -1,0 +1,102 @@
+"""Checkpoints: atomic, safetensors, adapter-only under LoRA, resumable.
+
+Layout of ``<run>/checkpoints/step-000050/``::
+
+    model/          the policy in Hugging Face format (LoRA: the adapter only) + tokenizer -> `model.path`
+    state/          optimizer, scheduler, RNG states and trainable weights (accelerate save_state;
+                    DeepSpeed's partitioned checkpoint under ZeRO)
+    trainer.json    step, metrics history length, and what the run was
+
+Each checkpoint is written to ``step-N.tmp`` and renamed when complete; ``latest`` names the newest one.
+A crash mid-write leaves the previous checkpoint untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from searchrl.engine.engine import Engine
+from searchrl.engine.models import is_peft
+
+
+def _trainable_only(model: Any) -> Any:
+    """accelerate save-state hook: under LoRA keep only trainable tensors (adapter, value head)."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+
+    def hook(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+        for i, sd in enumerate(weights):
+            weights[i] = {k: v for k, v in sd.items() if k in names or k.removeprefix("module.") in names}
+
+    return hook
+
+
+class Checkpointer:
+    def __init__(self, engine: Engine, run_dir: Path, model: Any, tokenizer: Any, keep: int = 2) -> None:
+        self.engine, self.dir, self.model, self.tokenizer, self.keep = (
+            engine,
+            run_dir / "checkpoints",
+            model,
+            tokenizer,
+            keep,
+        )
+        self.lora = is_peft(engine.unwrap(model))
+        if self.lora and not engine.is_deepspeed:
+            engine.accelerator.register_save_state_pre_hook(_trainable_only(engine.unwrap(model)))
+
+    def latest(self) -> Path | None:
+        pointer = self.dir / "latest"
+        if not pointer.exists():
+            return None
+        path = self.dir / pointer.read_text().strip()
+        return path if (path / "trainer.json").exists() else None
+
+    def save(self, step: int, trainer_state: dict[str, Any]) -> Path:
+        eng = self.engine
+        final = self.dir / f"step-{step:06d}"
+        tmp = self.dir / f"step-{step:06d}.tmp"
+        if eng.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        eng.wait()
+        self.export_model(tmp / "model")
+        kwargs = {"exclude_frozen_parameters": True} if (self.lora and eng.is_deepspeed) else {}
+        eng.accelerator.save_state(str(tmp / "state"), safe_serialization=True, **kwargs)
+        eng.wait()
+        if eng.is_main:
+            (tmp / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            _atomic_write(self.dir / "latest", final.name)
+            self._prune()
+        eng.wait()
+        return final
+
+    def export_model(self, out: Path) -> None:
+        """The policy as a loadable HF directory (adapter only under LoRA), gathered under ZeRO-3."""
+        eng = self.engine
+        state_dict = eng.accelerator.get_state_dict(self.model)  # collective under ZeRO-3
+        if eng.is_main:
+            unwrapped = eng.unwrap(self.model)
+            unwrapped.save_pretrained(str(out), state_dict=state_dict, safe_serialization=True)
+            self.tokenizer.save_pretrained(str(out))
+
+    def load(self, path: Path) -> dict[str, Any]:
+        eng = self.engine
+        kwargs = {"load_module_strict": False} if eng.is_deepspeed else {"strict": not self.lora}
+        eng.accelerator.load_state(str(path / "state"), **kwargs)
+        return json.loads((path / "trainer.json").read_text())
+
+    def _prune(self) -> None:
+        done = sorted(p for p in self.dir.glob("step-*") if not p.name.endswith(".tmp"))
+        for old in done[: max(0, len(done) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

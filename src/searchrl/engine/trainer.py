@@ -1,0 +1,265 @@
+"""The training loop every algorithm shares.
+
+Per step: this process's share of the step's items -> ``algo.collect`` (rollouts + rewards, or dataset
+records) -> masker -> no-grad passes for old and reference log-probs -> ``algo.prepare`` (advantages) ->
+``epochs`` × ``mini_batches`` optimizer updates over micro-batches, with the loss aggregated over the
+*global* batch -> metrics -> checkpoint. Data order depends only on (seed, step), and checkpoints hold the
+RNG states, so a resumed run repeats an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchrl.algorithms import ALGORITHMS
+from searchrl.algorithms.base import Algorithm, Context
+from searchrl.config import ConfigError, TrainerConfig, from_dict
+from searchrl.engine.checkpoint import Checkpointer
+from searchrl.engine.engine import Engine, NonFiniteError
+from searchrl.engine.metrics import MetricsSink
+from searchrl.engine.models import Reference, forward_logits, load_policy
+from searchrl.functional import token_entropy, token_logprobs, token_weights
+from searchrl.masking import build_batch
+from searchrl.rollout.generator import GENERATORS, SamplingParams
+from searchrl.types import RolloutBatch
+
+
+class Schedule:
+    """Which training items a step uses: epoch-wise permutations seeded by (seed, epoch)."""
+
+    def __init__(self, n_items: int, batch_size: int, seed: int) -> None:
+        if n_items == 0:
+            raise ValueError("no training items")
+        self.n, self.batch, self.seed = n_items, batch_size, seed
+        self._perms: dict[int, list[int]] = {}
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            p = list(range(self.n))
+            random.Random(self.seed * 100_003 + epoch).shuffle(p)
+            self._perms[epoch] = p
+        return self._perms[epoch]
+
+    def indices(self, step: int) -> list[int]:
+        out = []
+        for pos in range(step * self.batch, (step + 1) * self.batch):
+            epoch, k = divmod(pos, self.n)
+            out.append(self._perm(epoch)[k])
+        return out
+
+
+class Trainer:
+    def __init__(
+        self,
+        *,
+        algorithm: str,
+        algorithm_args: dict[str, Any],
+        model_path: str | Path,
+        cfg: TrainerConfig,
+        out_dir: Path,
+        runtime: Any,  # searchrl.runtime.Runtime
+        records: list[dict[str, Any]] | None = None,
+        resume: bool = False,
+        seed: int = 0,
+    ) -> None:
+        exp = runtime.exp
+        self.cfg, self.out, self.seed, self.rt = cfg, out_dir, seed, runtime
+        algo_cls = ALGORITHMS.get(algorithm)
+        algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
+        online = algorithm != "sft"
+        self.group = exp.rollout.group_size if online else 1
+
+        import accelerate
+
+        world = accelerate.PartialState().num_processes
+        per_proc = _divide(cfg.batch_size, world, "trainer.batch_size", "the number of processes")
+        seqs = per_proc * self.group
+        mini = _divide(seqs, cfg.mini_batches, "sequences per process", "trainer.mini_batches")
+        self.micro = min(cfg.micro_batch_size, mini)
+        accum = _divide(mini, self.micro, "sequences per mini-batch", "trainer.micro_batch_size")
+        self.engine = eng = Engine(grad_accum=accum, micro_batch_size=self.micro, max_grad_norm=cfg.max_grad_norm,
+                                   mixed_precision=cfg.mixed_precision, seed=seed)  # fmt: skip
+
+        policy, self.tokenizer = load_policy(str(model_path), exp.model.dtype, exp.model.lora)
+        params = [p for p in policy.parameters() if p.requires_grad]
+        opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
+        optimizer = opt_cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        from transformers import get_scheduler
+
+        updates = cfg.steps * cfg.epochs * cfg.mini_batches
+        scheduler = get_scheduler(cfg.schedule, optimizer, num_warmup_steps=cfg.warmup_steps * cfg.epochs *
+                                  cfg.mini_batches, num_training_steps=updates)  # fmt: skip
+        self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
+
+        env = runtime.env()
+        self.temperature = exp.rollout.temperature if online else 1.0
+        generator = None
+        if online:
+            gen_cls = GENERATORS.get(exp.rollout.backend)
+            generator = gen_cls(self.policy, self.tokenizer, env.tags.stop_strings, batch_size=exp.rollout.batch_size,
+                                model_context=lambda: eng.for_generation(self.policy))  # fmt: skip
+        from searchrl.rewards.pipeline import RewardPipeline
+
+        self.ctx = Context(
+            env=env,
+            generator=generator,
+            tokenizer=self.tokenizer,
+            rewards=RewardPipeline(exp.rewards) if online else None,
+            sampling=SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens),
+            group_size=self.group,
+            max_total_tokens=exp.rollout.max_total_tokens,
+            train_examples=runtime.examples("train") if online else [],
+            records=records,
+        )
+        self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
+        self.reference = Reference(self.policy, eng) if self.algo.kl_coef > 0 else None
+        self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
+        self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
+        self.start_step = 0
+        if resume and (latest := self.ckpt.latest()) is not None:
+            self.start_step = int(self.ckpt.load(latest)["step"])
+            eng.print(f"resumed from {latest} at step {self.start_step}")
+        self.sink = MetricsSink(out_dir, cfg.steps, self.start_step, enabled=eng.is_main, tensorboard=cfg.tensorboard,
+                                wandb_project=cfg.wandb_project, desc=algorithm)  # fmt: skip
+
+    # --------------------------------------------------------------------------------------- passes
+    def _logprobs(self, model: Any, batch: RolloutBatch, entropy: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """Log-probs (and entropy) of the batch's action tokens under ``model``; 0 elsewhere."""
+        logits = forward_logits(model, batch.input_ids, batch.attention_mask)
+        logp = token_logprobs(logits, batch.input_ids, self.temperature, mask=batch.loss_mask)
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = token_entropy(logits.detach() / self.temperature, batch.loss_mask)
+        return logp, ent
+
+    @torch.no_grad()
+    def _no_grad_pass(self, model: Any, batch: RolloutBatch) -> torch.Tensor:
+        order = batch.attention_mask.sum(-1).argsort(stable=True)
+        out = torch.zeros_like(batch.loss_mask)
+        for i in range(0, len(batch), self.micro):
+            idx = order[i : i + self.micro]
+            mb = batch.select(idx.tolist())
+            width = int(mb.attention_mask.sum(-1).max())  # drop all-padding columns
+            lp = self._logprobs(model, mb.trim(width))[0]
+            out[idx, :width] = lp
+        return out * batch.loss_mask
+
+    def _update(self, batch: RolloutBatch, sums: dict[str, float]) -> None:
+        """One optimizer update over ``batch`` (this process's mini-batch), globally normalised."""
+        eng, algo = self.engine, self.algo
+        g_tokens = eng.sum(batch.loss_mask.sum())
+        g_seqs = eng.sum(float((batch.loss_mask.sum(-1) > 0).sum()))
+        norm_len = float(self.ctx.max_total_tokens)
+        self.policy.train()
+        # micro-batches of similar lengths waste less compute on padding; the global normalisation makes
+        # the loss independent of how sequences are grouped
+        batch = batch.select(batch.attention_mask.sum(-1).argsort(stable=True).tolist())
+        for i in range(0, len(batch), self.micro):
+            mb = batch.select(slice(i, i + self.micro))
+            mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
+            with eng.accumulate(self.policy):
+                logp, ent = self._logprobs(self.policy, mb, entropy=self.cfg.log_entropy)
+                loss_tok, metrics = algo.loss(logp, ent, mb)
+                w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
+                loss = (loss_tok * w).sum()
+                eng.backward(loss)
+                if eng.sync_gradients:
+                    grad_norm = eng.clip_grad_norm(self.policy)
+                    if not math.isfinite(grad_norm):
+                        raise NonFiniteError(f"gradient norm is {grad_norm}")
+                    sums["train/grad_norm"] += grad_norm / (self.cfg.epochs * self.cfg.mini_batches)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad()
+            mean_w = mb.loss_mask / max(g_tokens, 1.0)  # metrics: global token means
+            sums["train/loss"] += float(loss.detach()) / (self.cfg.epochs * self.cfg.mini_batches)
+            for k, v in metrics.items():
+                sums[f"train/{k}"] += float((v.detach() * mean_w).sum()) / (
+                    self.cfg.epochs * self.cfg.mini_batches
+                )
+
+    # --------------------------------------------------------------------------------------- loop
+    def step(self, step: int) -> dict[str, float]:
+        eng, algo, cfg = self.engine, self.algo, self.cfg
+        t0 = time.perf_counter()
+        indices = self.schedule.indices(step)[eng.rank :: eng.world_size]
+        trajs, collect_metrics = algo.collect(indices)
+        t_collect = time.perf_counter() - t0
+        batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
+        if algo.needs_old_logprobs:
+            batch.extras["old_logp"] = self._no_grad_pass(self.policy, batch)
+            diff = ((batch.extras["old_logp"] - batch.sampled_logprobs).abs() * batch.loss_mask).sum()
+            collect_metrics["rollout/logprob_abs_diff"] = float(diff / batch.loss_mask.sum().clamp(min=1))
+        if self.reference is not None:
+            with self.reference.model() as ref:
+                batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)
+        prep_metrics = algo.prepare(batch)
+        sums: dict[str, float] = defaultdict(float)
+        n = len(batch)
+        gen = torch.Generator().manual_seed(self.seed * 7919 + step)
+        for _ in range(cfg.epochs):
+            order = torch.randperm(n, generator=gen) if cfg.mini_batches > 1 else torch.arange(n)
+            for chunk in order.chunk(cfg.mini_batches):
+                self._update(batch.select(chunk.tolist()), sums)
+        # every process logs the same numbers: local sums are reduced here
+        metrics = {k: eng.sum(v) for k, v in sums.items()}
+        metrics["train/grad_norm"] /= eng.world_size  # the norm is global already; it was summed W times
+        local = {**collect_metrics, **prep_metrics, "reward/mean": float(batch.rewards.mean()) if n else 0.0}
+        if trajs and trajs[0].state is not None:
+            from searchrl.answers import exact_match
+
+            local["train/em"] = sum(exact_match(t.answer or "", t.example.answers) for t in trajs) / len(
+                trajs
+            )
+        for k, v in local.items():  # process means, weighted by batch size
+            metrics[k] = eng.sum(v * n) / max(eng.sum(n), 1.0)
+        metrics.update({"train/lr": self.scheduler.get_last_lr()[0], "train/sequences": eng.sum(n),
+                        "train/action_tokens": eng.sum(batch.loss_mask.sum()),
+                        "time/collect_s": t_collect, "time/step_s": time.perf_counter() - t0})  # fmt: skip
+        return metrics
+
+    def run(self, evaluate: Any = None) -> Path:
+        """Train to ``cfg.steps``; ``evaluate(model_dir_or_policy, step) -> metrics`` is called every
+        ``eval_every`` steps. Returns the exported final model directory."""
+        cfg, eng = self.cfg, self.engine
+        try:
+            for step in range(self.start_step, cfg.steps):
+                metrics = self.step(step)
+                done = step + 1
+                if (
+                    evaluate is not None
+                    and cfg.eval_every
+                    and done % cfg.eval_every == 0
+                    and done < cfg.steps
+                ):
+                    metrics.update(evaluate(self, done))
+                self.sink.log(done, metrics)
+                if done % cfg.save_every == 0 or done == cfg.steps:
+                    self.ckpt.save(done, {"metrics": metrics})
+        except NonFiniteError as exc:
+            latest = self.ckpt.latest()
+            raise NonFiniteError(
+                f"training stopped at step {step + 1}: {exc}. Nothing was saved for this step; the last good "
+                f"checkpoint is {latest or '(none yet)'}. Lower trainer.lr or check the rewards."
+            ) from None
+        finally:
+            self.sink.close()
+        final = self.out / "final"
+        self.ckpt.export_model(final)
+        eng.wait()
+        return final
+
+
+def _divide(a: int, b: int, what_a: str, what_b: str) -> int:
+    if b <= 0 or a % b:
+        raise ConfigError(f"{what_a} ({a}) must be a positive multiple of {what_b} ({b})", key="trainer")
+    return a // b

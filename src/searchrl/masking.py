@@ -1,0 +1,68 @@
+"""The one masker: trajectories -> a right-padded `RolloutBatch`.
+
+``loss_mask`` is built from segment kinds, never from pad ids (DESIGN §4.2). Sequences longer than
+``max_len`` are truncated on the right; an action cut by the truncation keeps loss on its surviving tokens,
+and a step whose last token was cut is dropped from the step slots (its reward cannot be placed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from searchrl.types import RolloutBatch, Trajectory
+
+
+def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> RolloutBatch:
+    if not trajs:
+        raise ValueError("cannot build a batch from no trajectories")
+    lengths = [min(len(t), max_len) if max_len else len(t) for t in trajs]
+    B, T = len(trajs), max(lengths)
+    S = max(1, max(len(t.steps) for t in trajs))
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    loss_mask = torch.zeros((B, T), dtype=torch.float32)
+    obs_mask = torch.zeros((B, T), dtype=torch.bool)
+    step_ids = torch.full((B, T), -1, dtype=torch.long)
+    sampled = torch.zeros((B, T), dtype=torch.float32)
+    step_ends = torch.zeros((B, S), dtype=torch.long)
+    step_mask = torch.zeros((B, S), dtype=torch.bool)
+    step_rewards = torch.zeros((B, S), dtype=torch.float32)
+    for b, (traj, n) in enumerate(zip(trajs, lengths)):
+        ids = traj.token_ids[:n]
+        input_ids[b, :n] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[b, :n] = 1
+        seg_to_step = {st.segment: i for i, st in enumerate(traj.steps)}
+        pos = 0
+        for si, seg in enumerate(traj.segments):
+            end = min(pos + len(seg.token_ids), n)
+            if end > pos:
+                if seg.kind == "action":
+                    loss_mask[b, pos:end] = 1.0
+                    if si in seg_to_step:
+                        step_ids[b, pos:end] = seg_to_step[si]
+                    if seg.logprobs is not None:
+                        sampled[b, pos:end] = torch.tensor(seg.logprobs[: end - pos])
+                elif seg.kind == "observation":
+                    obs_mask[b, pos:end] = True
+            pos += len(seg.token_ids)
+        for i, st in enumerate(traj.steps):
+            if st.last_token < n:
+                step_ends[b, i] = st.last_token
+                step_mask[b, i] = True
+                if i < len(traj.step_rewards):
+                    step_rewards[b, i] = traj.step_rewards[i]
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        obs_mask=obs_mask,
+        step_ids=step_ids,
+        step_ends=step_ends,
+        step_mask=step_mask,
+        sampled_logprobs=sampled,
+        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+        step_rewards=step_rewards,
+        group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
+    )

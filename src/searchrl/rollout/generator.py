@@ -1,0 +1,32 @@
+"""The generator protocol every backend (HF, vLLM) implements, and its registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from searchrl.registry import Registry
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # exactly as sampled, up to and including the stop token
+    logprobs: list[float]  # log π_T(token) with π_T = softmax(logits / T) (T = 1 when greedy), one per token
+    finish: Literal["stop", "eos", "length"]
+
+
+class Generator(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Continue each prompt (token ids) until a stop tag, EOS or ``max_new_tokens``."""
+        ...
+
+
+GENERATORS: Registry[Any] = Registry("generator")
+GENERATORS.add_lazy("hf", "searchrl.rollout.hf:HFGenerator")

@@ -1,0 +1,153 @@
+"""The multi-turn rollout loop shared by every online algorithm.
+
+Each round generates the next action for every live episode in one batch, steps the `SearchEnv` for all
+of them at once (one batched retrieval), tokenizes each observation once and appends it. Model output is
+decoded only to be parsed; its token ids are kept as sampled (DESIGN §4.1). Episodes can start fresh (G
+samples per question, GRPO/PPO) or from recorded prefixes, generating k candidates of just the next step
+(SLATE, RAG-Gym).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchrl.data.example import Example
+from searchrl.envs.search import SearchEnv
+from searchrl.rollout.generator import Generator, SamplingParams
+from searchrl.types import Segment, Step, Trajectory
+
+
+@dataclass
+class RolloutStats:
+    episodes: int = 0
+    tokens_generated: int = 0
+    actions: int = 0
+    invalid_actions: int = 0
+    searches: int = 0
+    seconds: float = 0.0
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "rollout/tokens_generated": self.tokens_generated,
+            "rollout/tokens_per_second": self.tokens_generated / max(self.seconds, 1e-9),
+            "rollout/searches_per_episode": self.searches / max(self.episodes, 1),
+            "rollout/invalid_action_rate": self.invalid_actions / max(self.actions, 1),
+            **{
+                f"rollout/finish_{k}": v / max(self.episodes, 1)
+                for k, v in sorted(self.finish_reasons.items())
+            },
+        }
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def start_trajectories(env: SearchEnv, tokenizer: Any, examples: Sequence[Example], group_size: int = 1,
+                       first_group: int = 0) -> list[Trajectory]:  # fmt: skip
+    """``group_size`` fresh episodes per example; episodes of one example share a group id."""
+    out = []
+    for gi, ex in enumerate(examples):
+        prompt_ids: list[int] | None = None
+        for _ in range(group_size):
+            state = env.reset(ex)
+            prompt_ids = prompt_ids if prompt_ids is not None else encode(tokenizer, state.prompt)
+            out.append(
+                Trajectory(ex, [Segment("prompt", list(prompt_ids))], state=state, group_id=first_group + gi)
+            )
+    return out
+
+
+def branch(prefixes: Sequence[Trajectory], k: int) -> list[Trajectory]:
+    """``k`` copies of each unfinished prefix (same group id as their prefix's index), ready to continue."""
+    out = []
+    for gi, p in enumerate(prefixes):
+        if p.state is None or p.state.done:
+            raise ValueError(f"prefix {gi} ({p.example.id}) has no live episode to continue")
+        for _ in range(k):
+            t = copy.copy(p)
+            t.segments, t.steps = list(p.segments), list(p.steps)
+            t.step_rewards, t.info = list(p.step_rewards), dict(p.info)
+            t.state = copy.copy(p.state)
+            for name in ("actions", "observations", "infos", "retrieved"):
+                setattr(t.state, name, list(getattr(p.state, name)))
+            t.group_id = gi
+            out.append(t)
+    return out
+
+
+def run(
+    trajs: list[Trajectory],
+    env: SearchEnv,
+    generator: Generator,
+    tokenizer: Any,
+    params: SamplingParams,
+    max_total_tokens: int = 2048,
+    max_steps: int | None = None,
+    stats: RolloutStats | None = None,
+) -> RolloutStats:
+    """Advance every episode until it answers, hits the budget or length, or takes ``max_steps`` actions."""
+    stats = stats or RolloutStats()
+    t0 = time.perf_counter()
+    taken = [0] * len(trajs)
+    while True:
+        live = []
+        for i, t in enumerate(trajs):
+            if t.state is None or t.state.done or (max_steps is not None and taken[i] >= max_steps):
+                continue
+            if len(t) >= max_total_tokens - 1:
+                t.state.done, t.finish_reason = True, "length"
+                continue
+            live.append(i)
+        if not live:
+            break
+        budget = min(params.max_new_tokens, min(max_total_tokens - len(trajs[i]) for i in live))
+        gens = generator.generate([trajs[i].token_ids for i in live], _with_max(params, budget))
+        texts = [tokenizer.decode(g.token_ids) for g in gens]  # decoded to parse, never re-tokenized
+        ended = [g.finish != "stop" or not g.token_ids for g in gens]
+        results = env.step_batch([trajs[i].state for i in live], texts, ended)  # type: ignore[misc]
+        for i, g, (obs, done, info) in zip(live, gens, results):
+            t = trajs[i]
+            taken[i] += 1
+            if g.token_ids:  # an empty generation (never from our backends) has no tokens to train on
+                t.segments.append(Segment("action", g.token_ids, g.logprobs))
+                t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t) - 1, info=info))
+            if obs:
+                t.segments.append(Segment("observation", encode(tokenizer, obs)))
+            stats.tokens_generated += len(g.token_ids)
+            stats.actions += 1
+            stats.invalid_actions += not info.valid
+            stats.searches += info.kind == "search" and info.valid
+            if done:
+                t.finish_reason = "length" if g.finish == "length" else t.state.finish_reason  # type: ignore[union-attr]
+    for t in trajs:
+        if t.state is not None and t.state.done:
+            stats.episodes += 1
+            stats.finish_reasons[t.finish_reason or "unknown"] += 1
+    stats.seconds += time.perf_counter() - t0
+    return stats
+
+
+def _with_max(params: SamplingParams, budget: int) -> SamplingParams:
+    return SamplingParams(temperature=params.temperature, top_p=params.top_p, max_new_tokens=max(1, budget))
+
+
+def rollout(
+    examples: Sequence[Example],
+    env: SearchEnv,
+    generator: Generator,
+    tokenizer: Any,
+    params: SamplingParams,
+    group_size: int = 1,
+    max_total_tokens: int = 2048,
+) -> tuple[list[Trajectory], RolloutStats]:
+    """G full episodes per example."""
+    trajs = start_trajectories(env, tokenizer, examples, group_size)
+    stats = run(trajs, env, generator, tokenizer, params, max_total_tokens)
+    return trajs, stats

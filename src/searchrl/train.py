@@ -1,0 +1,129 @@
+"""`searchrl train EXP.yaml`: optional SFT warm start, the configured algorithm, evaluation, a curve and a table.
+
+model (local build or model.path) --warm_start SFT on teacher trajectories--> <out>/sft/final
+    --algorithm--> <out>/final --eval on eval.split--> results.md, learning_curve.png
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from searchrl.config import Experiment, save_resolved
+from searchrl.data.example import read_jsonl, write_jsonl
+from searchrl.errors import ConfigError
+from searchrl.runtime import Runtime, local_model_dir
+
+
+def teacher_sft_records(rt: Runtime, passes: int) -> list[dict[str, Any]]:
+    """Teacher trajectories for every train question, ``passes`` times with fresh noise and names; cached."""
+    from searchrl.envs.synthetic.teacher import teacher_records
+
+    if rt.world is None:
+        raise ConfigError("the SFT warm start uses the synthetic world's teacher; set data.source: synthetic",
+                          key="warm_start")  # fmt: skip
+    cache = rt.exp.out / "sft" / f"teacher-{passes}.jsonl"
+    if cache.exists():
+        return list(read_jsonl(cache))
+    env, examples = rt.env(), rt.examples("train")
+    records = []
+    for p in range(passes):
+        records += teacher_records(
+            env, rt.world, examples, replace(rt.exp.teacher, seed=rt.exp.teacher.seed + p)
+        )
+    write_jsonl(cache, records)
+    return records
+
+
+def make_evaluator(rt: Runtime, split: str, limit: int | None) -> Any:
+    """Periodic evaluation inside a Trainer: greedy episodes of the live policy on one process's shard."""
+    from searchrl.eval import episode_metrics, run_policy
+
+    examples = rt.examples(split)[:limit]
+
+    def evaluate(trainer: Any, step: int) -> dict[str, float]:
+        eng = trainer.engine
+        shard = examples[eng.rank :: eng.world_size]
+        states = run_policy(lambda: eng.for_generation(trainer.policy), trainer.tokenizer, rt.env(), shard,
+                            max_new_tokens=rt.exp.rollout.max_new_tokens,
+                            max_total_tokens=rt.exp.rollout.max_total_tokens)  # fmt: skip
+        m = episode_metrics(eng.gather_objects(states))
+        return {f"eval/{k}": float(v) for k, v in m.items() if isinstance(v, int | float)}
+
+    return evaluate
+
+
+def evaluate_final(rt: Runtime, model_dir: Path, name: str) -> dict[str, Any]:
+    from searchrl.eval import evaluate_model_dir, write_results
+
+    e = rt.exp
+    examples = rt.examples(e.eval.split)[: e.eval.limit]
+    m = evaluate_model_dir(model_dir, rt.env(), examples, temperature=e.eval.temperature,
+                           max_new_tokens=e.rollout.max_new_tokens, max_total_tokens=e.rollout.max_total_tokens)  # fmt: skip
+    write_results(e.out / "eval", name, m)
+    return m
+
+
+def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, trainer_cfg: Any, out: Path,
+              records: list[dict[str, Any]] | None, resume: bool) -> Path:  # fmt: skip
+    from searchrl.engine.trainer import Trainer
+
+    if (out / "final" / "config.json").exists() or (out / "final" / "adapter_config.json").exists():
+        return out / "final"  # this stage finished in an earlier run
+    trainer = Trainer(algorithm=algorithm, algorithm_args=args, model_path=model.resolve(), cfg=trainer_cfg, out_dir=out,
+                      runtime=rt, records=records, resume=resume, seed=rt.exp.seed)  # fmt: skip
+    evaluator = (
+        make_evaluator(rt, trainer_cfg.eval_split, trainer_cfg.eval_limit) if trainer_cfg.eval_every else None
+    )
+    return trainer.run(evaluator)
+
+
+def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
+    import accelerate
+
+    state = accelerate.PartialState()
+    if exp.algorithm is None:
+        raise ConfigError(
+            "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
+        )
+    rt = Runtime(exp)
+    out = exp.out
+    if state.is_main_process:
+        save_resolved(exp, out)
+        base = local_model_dir(rt)  # builds world + local model once
+    state.wait_for_everyone()
+    base = local_model_dir(rt)
+    stages: dict[str, Path] = {"untrained": base}
+    algo = exp.algorithm.name
+    if algo == "sft":
+        records = teacher_sft_records(rt, exp.warm_start.teacher_passes if exp.warm_start else 1)
+        stages["sft"] = run_stage(rt, "sft", exp.algorithm.args, base, exp.trainer, out, records, resume)
+    else:
+        start = base
+        if exp.warm_start is not None:
+            ws = exp.warm_start
+            if ws.checkpoint is not None:
+                start = Path(ws.checkpoint)
+            else:
+                records = teacher_sft_records(rt, ws.teacher_passes)
+                start = run_stage(rt, "sft", {}, base, ws.trainer, out / "sft", records, resume)
+            stages["sft"] = start
+        stages[algo] = run_stage(rt, algo, exp.algorithm.args, start, exp.trainer, out, None, resume)
+    results: dict[str, Any] = {}
+    if state.is_main_process:
+        for name, path in stages.items():
+            results[name] = evaluate_final(rt, path, f"{name}-{exp.eval.split}")
+        from searchrl.eval import markdown_table
+
+        table = markdown_table({f"{n} ({exp.eval.split})": m for n, m in results.items()})
+        (out / "results.md").write_text(table + "\n")
+        (out / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        from searchrl.plots import learning_curve
+
+        learning_curve(out, out / "learning_curve.png")
+        print("\n" + table)
+        print(f"\nresults: {out / 'results.md'}  curve: {out / 'learning_curve.png'}")
+    state.wait_for_everyone()
+    return results

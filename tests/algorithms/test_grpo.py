@@ -1,0 +1,98 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from searchrl.algorithms.advantages import ADVANTAGES, broadcast_to_tokens, grpo_outcome
+from searchrl.algorithms.grpo import GRPO, GRPOConfig
+from searchrl.algorithms.losses import LOSSES, clipped_policy_loss
+from searchrl.types import RolloutBatch
+
+
+def test_group_advantage_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.5, 0.5])
+    g = torch.tensor([0, 0, 0, 1, 1])
+    adv = grpo_outcome(r, g, eps=0.0)
+    std = torch.tensor([1.0, 0.0, 0.0]).std().item()  # unbiased: sqrt(1/3)
+    assert adv[:3].tolist() == pytest.approx([(1 - 1 / 3) / std, (-1 / 3) / std, (-1 / 3) / std])
+    assert adv[3:].tolist() == [0.0, 0.0]  # identical rewards: no signal
+    assert grpo_outcome(r, g, std_normalize=False)[:3].tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    assert ADVANTAGES.get("grpo") is grpo_outcome and LOSSES.get("clipped_pg") is clipped_policy_loss
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(-5, 5)), min_size=1, max_size=20))
+def test_group_advantage_properties(pairs):
+    g = torch.tensor([p[0] for p in pairs])
+    r = torch.tensor([p[1] for p in pairs])
+    adv = grpo_outcome(r, g)
+    for gid in g.unique():
+        a = adv[g == gid]
+        assert abs(float(a.mean())) < 1e-4  # zero mean within each group
+        if a.numel() > 1 and float(r[g == gid].std()) > 1e-3:
+            assert abs(float(a.std()) - 1.0) < 1e-2  # unit std
+    # ranking within a group follows rewards
+    for i in range(len(pairs)):
+        for j in range(len(pairs)):
+            if g[i] == g[j] and r[i] > r[j] + 1e-6:
+                assert adv[i] > adv[j]
+
+
+def test_clipped_loss_hand_computed():
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[1.0, 1.5, 0.5, 1.1]]))  # ratios
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    loss, m = clipped_policy_loss(logp, old, adv, clip_low=0.2, clip_high=0.3)
+    # ratio 1.5, A>0: clipped to 1.3; ratio 0.5, A<0: clipped to 0.8 -> -min(-0.5, -0.8) = 0.8
+    assert loss.tolist()[0] == pytest.approx([-1.0, -1.3, 0.8, 1.1])
+    assert m["clip_frac"].tolist()[0] == [0.0, 1.0, 1.0, 0.0]
+
+
+def _batch(rewards, groups, old, ref):
+    B, T = old.shape
+    mask = torch.ones(B, T)
+    mask[:, 0] = 0
+    return RolloutBatch(
+        input_ids=torch.zeros(B, T, dtype=torch.long), attention_mask=torch.ones(B, T, dtype=torch.long),
+        loss_mask=mask, obs_mask=torch.zeros(B, T, dtype=torch.bool), step_ids=torch.full((B, T), -1),
+        step_ends=torch.zeros(B, 1, dtype=torch.long), step_mask=torch.zeros(B, 1, dtype=torch.bool),
+        sampled_logprobs=torch.zeros(B, T), rewards=torch.tensor(rewards), step_rewards=torch.zeros(B, 1),
+        group_ids=torch.tensor(groups), extras={"old_logp": old * mask, "ref_logp": ref * mask},
+    )  # fmt: skip
+
+
+def test_grpo_loss_equals_eq1_by_hand():
+    """ReSearch eq. 1 on one group: token loss = -(A_i ρ) + β k3, at ρ = 1 the gradient is -A_i ∂logp."""
+    old = torch.full((2, 3), -1.0)
+    ref = torch.full((2, 3), -1.2)
+    b = _batch([1.0, 0.0], [0, 0], old, ref)
+    algo = GRPO(GRPOConfig(kl_coef=0.1), ctx=None)
+    algo.prepare(b)
+    a = 1 / torch.tensor([1.0, 0.0]).std().item() * 0.5  # (1 - 0.5) / std
+    assert b.extras["advantages"][0, 1:].tolist() == pytest.approx([a, a], rel=1e-5)
+    logp = old.clone().requires_grad_(True)
+    loss, metrics = algo.loss(logp, None, b)
+    k3 = math.exp(-1.2 + 1.0) - 1 - (-1.2 + 1.0)
+    assert loss[0, 1].item() == pytest.approx(-a + 0.1 * k3, rel=1e-5)
+    assert loss[1, 1].item() == pytest.approx(a + 0.1 * k3, rel=1e-5)
+    assert metrics["kl"][0, 1].item() == pytest.approx(k3, rel=1e-5)
+
+
+def test_grpo_kl_in_reward():
+    old = torch.tensor([[0.0, -1.0, -1.0], [0.0, -1.0, -1.0]])
+    ref = torch.tensor([[0.0, -2.0, -2.0], [0.0, -1.0, -1.0]])
+    b = _batch([1.0, 1.0], [0, 0], old, ref)
+    algo = GRPO(GRPOConfig(kl_coef=0.5, kl_in="reward", kl_estimator="k1"), ctx=None)
+    algo.prepare(b)
+    # r0 = 1 - 0.5 * (1 + 1) = 0, r1 = 1 -> the first is below its group mean
+    adv = b.extras["advantages"]
+    assert adv[0, 1] < 0 < adv[1, 1]
+    loss, metrics = algo.loss(old.clone(), None, b)
+    assert "kl" not in metrics  # not also in the loss
+
+
+def test_broadcast_respects_mask():
+    m = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
+    assert broadcast_to_tokens(torch.tensor([2.0]), m).tolist() == [[0.0, 2.0, 0.0, 2.0]]

@@ -1,0 +1,140 @@
+"""Single-process training end to end on the tiny model: SFT, GRPO (full and LoRA), resume, NaN handling."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from searchrl.config import TrainerConfig
+from searchrl.engine.engine import NonFiniteError
+from searchrl.engine.metrics import read_metrics
+from searchrl.engine.trainer import Schedule, Trainer
+from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+from searchrl.rewards import register_reward
+from searchrl.runtime import Runtime
+
+
+@register_reward("test_trainer_length")
+def length_reward(traj, **_):
+    """Varies between samples of one group even for an untrained model, so GRPO has signal."""
+    ids = [i for seg in traj.segments if seg.kind == "action" for i in seg.token_ids]
+    return (sum(ids) % 7) / 6
+
+
+def trainer_for(exp, algorithm, cfg, records=None, resume=False, out=None, args=None):
+    rt = Runtime(exp)
+    return Trainer(algorithm=algorithm, algorithm_args=args or {}, model_path=exp.model.path, cfg=cfg,
+                   out_dir=out or exp.out, runtime=rt, records=records, resume=resume, seed=exp.seed)  # fmt: skip
+
+
+def state(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_schedule_is_a_pure_function_of_step():
+    s = Schedule(10, 4, seed=3)
+    seen = [i for step in range(5) for i in s.indices(step)]
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))  # epochs
+    assert Schedule(10, 4, seed=3).indices(3) == s.indices(3)
+
+
+def test_sft_learns_and_exports(make_exp, small_world):
+    exp = make_exp()
+    rt = Runtime(exp)
+    recs = teacher_records(
+        rt.env(), small_world, small_world.examples("train")[:64], TeacherConfig(rename_prob=0.5)
+    )
+    cfg = TrainerConfig(steps=8, batch_size=16, micro_batch_size=8, lr=3e-3, save_every=4)
+    tr = trainer_for(exp, "sft", cfg, records=recs)
+    before = state(tr.policy)
+    final = tr.run()
+    rows = read_metrics(exp.out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert rows[-1]["train/loss"] < rows[0]["train/loss"]
+    assert all(torch.isfinite(torch.tensor(r["train/grad_norm"])) for r in rows)
+    after = state(tr.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
+    ckpts = sorted(p.name for p in (exp.out / "checkpoints").iterdir())
+    assert ckpts == ["latest", "step-000004", "step-000008"]
+    from searchrl.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(final)
+    loaded = dict(model.named_parameters())
+    assert torch.allclose(loaded["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
+
+
+def test_grpo_lora_trains_the_adapter_only(make_exp):
+    exp = make_exp(
+        "model.lora={r: 4, alpha: 8}", "rollout.temperature=1.0", "rewards=[{name: test_trainer_length}]"
+    )
+    cfg = TrainerConfig(steps=2, batch_size=2, micro_batch_size=4, lr=5e-3, save_every=2)
+    tr = trainer_for(exp, "grpo", cfg, args={"kl_coef": 0.05})
+    assert tr.reference is not None and tr.reference.shared  # adapter-disabled policy, no copy
+    before = state(tr.policy)
+    tr.run()
+    after = state(tr.policy)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed)
+    model_dir = exp.out / "checkpoints" / "step-000002" / "model"
+    assert (model_dir / "adapter_model.safetensors").exists() and not (
+        model_dir / "model.safetensors"
+    ).exists()
+    assert all("lora_" in k for k in load_file(str(model_dir / "adapter_model.safetensors")))
+    row = read_metrics(exp.out / "metrics.jsonl")[-1]
+    for key in ("train/loss", "train/kl", "train/clip_frac", "train/entropy", "reward/mean", "train/em",
+                "rollout/tokens_generated", "rollout/logprob_abs_diff"):  # fmt: skip
+        assert key in row and row[key] == row[key], key  # present and not NaN
+    assert row["rollout/logprob_abs_diff"] < 1e-3  # sampler and trainer agree on the log-probs
+
+
+def test_resume_repeats_an_uninterrupted_run(make_exp, tmp_path, monkeypatch):
+    exp = make_exp("rewards=[{name: test_trainer_length}]")
+    cfg = TrainerConfig(steps=4, batch_size=2, micro_batch_size=4, lr=1e-3, save_every=2)
+    full = trainer_for(exp, "grpo", cfg, out=tmp_path / "a")
+    full.run()
+    broken = trainer_for(exp, "grpo", cfg, out=tmp_path / "b")
+    original = Trainer.step
+
+    def crash_at_3(self, step):
+        if step == 2:
+            raise KeyboardInterrupt("killed")
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "step", crash_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        broken.run()
+    monkeypatch.setattr(Trainer, "step", original)
+    resumed = trainer_for(exp, "grpo", cfg, out=tmp_path / "b", resume=True)
+    assert resumed.start_step == 2
+    resumed.run()
+    a, b = read_metrics(tmp_path / "a" / "metrics.jsonl"), read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        for k in ra:
+            if not k.startswith(("time/", "rollout/tokens_per_second")):
+                assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-9), (ra["step"], k)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(make_exp, monkeypatch):
+    exp = make_exp()
+    cfg = TrainerConfig(steps=4, batch_size=2, micro_batch_size=8, lr=1e-3, save_every=1)
+    tr = trainer_for(exp, "grpo", cfg)
+    real = tr.algo.loss
+    calls = {"n": 0}
+
+    def poisoned(logp, ent, mb):
+        calls["n"] += 1
+        loss, m = real(logp, ent, mb)
+        return (loss * float("nan") if calls["n"] > 1 else loss), m
+
+    monkeypatch.setattr(tr.algo, "loss", poisoned)
+    with pytest.raises(
+        NonFiniteError,
+        match=r"training stopped at step 2: loss is nan(.|\n)*last good checkpoint is .*step-000001",
+    ):
+        tr.run()
+    latest = (exp.out / "checkpoints" / "latest").read_text()
+    assert latest == "step-000001"
+    assert json.loads((exp.out / "checkpoints" / latest / "trainer.json").read_text())["step"] == 1

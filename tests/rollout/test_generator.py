@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from searchrl.models import load_model_and_tokenizer
+from searchrl.rollout.generator import SamplingParams
+from searchrl.rollout.hf import HFGenerator, _top_p
+
+
+@pytest.fixture(scope="module")
+def model_tok(tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    return model.eval(), tok
+
+
+def test_greedy_matches_hf_generate_with_left_padding(model_tok):
+    """KV cache, left padding and position ids are right: greedy output equals HF generate per prompt."""
+    model, tok = model_tok
+    prompts = [tok("Question: Who directed Keve?\n")["input_ids"], tok("Question: x\n<think>")["input_ids"],
+               tok("Hi")["input_ids"]]  # fmt: skip
+    gen = HFGenerator(model, tok, stop_strings=())
+    outs = gen.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=12))
+    for p, o in zip(prompts, outs):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
+                             eos_token_id=None)[0, len(p) :].tolist()  # fmt: skip
+        assert o.token_ids == ref[: len(o.token_ids)] and o.finish in ("length", "eos")
+
+
+def test_logprobs_equal_a_recompute(model_tok):
+    from searchrl.functional import token_logprobs
+
+    model, tok = model_tok
+    torch.manual_seed(0)
+    prompts = [tok("Question: a b c\n")["input_ids"], tok("Q\n")["input_ids"]]
+    outs = HFGenerator(model, tok).generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=10))
+    for p, o in zip(prompts, outs):
+        ids = torch.tensor([p + o.token_ids])
+        with torch.no_grad():
+            lp = token_logprobs(model(input_ids=ids).logits, ids, temperature=0.7)[0, len(p) :]
+        assert torch.allclose(lp, torch.tensor(o.logprobs), atol=1e-4)
+
+
+class Scripted(torch.nn.Module):
+    """Emits a fixed token sequence per row regardless of input (for exact stop tests)."""
+
+    def __init__(self, script, vocab):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.script, self.vocab, self.t = script, vocab, 0
+
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True
+    ):
+        if past_key_values is None:
+            self.t = 0
+        logits = torch.full((input_ids.shape[0], input_ids.shape[1], self.vocab), -1e9)
+        for b, seq in enumerate(self.script):
+            logits[b, -1, seq[min(self.t, len(seq) - 1)]] = 0.0
+        self.t += 1
+        return type("Out", (), {"logits": logits, "past_key_values": ()})()
+
+
+def test_stops_exactly_at_tag_eos_or_length(model_tok):
+    _, tok = model_tok
+    stop = tok.convert_tokens_to_ids("</search>")
+    ans = tok.convert_tokens_to_ids("</answer>")
+    script = [[20, 21, stop, 22, 23], [30, ans, 31], [40, tok.eos_token_id, 41], [50, 51, 52, 53, 54, 55]]
+    gen = HFGenerator(Scripted(script, len(tok)), tok, stop_strings=("</search>", "</answer>"))
+    outs = gen.generate([[1], [1, 2], [3], [4]], SamplingParams(temperature=0.0, max_new_tokens=4))
+    assert [o.token_ids for o in outs] == [
+        [20, 21, stop],
+        [30, ans],
+        [40, tok.eos_token_id],
+        [50, 51, 52, 53],
+    ]
+    assert [o.finish for o in outs] == ["stop", "stop", "eos", "length"]
+
+
+def test_multi_token_stop_strings_are_matched_on_text(model_tok):
+    _, tok = model_tok
+    ids = tok("zq</stop>", add_special_tokens=False)["input_ids"]
+    script = [[*ids, 7, 7, 7]]
+    gen = HFGenerator(Scripted(script, len(tok)), tok, stop_strings=("</stop>",))
+    [out] = gen.generate([[1]], SamplingParams(temperature=0.0, max_new_tokens=20))
+    assert (
+        out.finish == "stop" and tok.decode(out.token_ids).endswith("</stop>") and 7 not in out.token_ids[-1:]
+    )
+
+
+def test_top_p_keeps_the_nucleus():
+    logp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = _top_p(logp, 0.75).exp()
+    assert kept[0, :2].tolist() == pytest.approx([0.5, 0.3]) and kept[0, 2:].tolist() == [0.0, 0.0]
+    assert torch.equal(_top_p(logp, 1.0), logp)
