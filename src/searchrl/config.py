@@ -149,7 +149,7 @@ class WarmStartConfig:
             warmup_steps=30,
             schedule="cosine",
             eval_split="dev",
-        )  # fmt: skip
+        )
     )
 
 

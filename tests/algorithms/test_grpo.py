@@ -89,7 +89,7 @@ def test_grpo_kl_in_reward():
     # r0 = 1 - 0.5 * (1 + 1) = 0, r1 = 1 -> the first is below its group mean
     adv = b.extras["advantages"]
     assert adv[0, 1] < 0 < adv[1, 1]
-    loss, metrics = algo.loss(old.clone(), None, b)
+    _, metrics = algo.loss(old.clone(), None, b)
     assert "kl" not in metrics  # not also in the loss
 
 

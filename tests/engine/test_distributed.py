@@ -50,7 +50,6 @@ def compare(single, multi, world):
     assert b["world"] == world and a["world"] == 1
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
     assert a["state"].keys() == b["state"].keys()
-    moved = 0
     for k, v in a["state"].items():
         assert torch.allclose(v, b["state"][k], rtol=1e-4, atol=1e-6), k
     return b

@@ -38,7 +38,7 @@ def load_policy(path: str, dtype: str = "float32", lora: LoraConfig | None = Non
                 lora_dropout=lora.dropout,
                 target_modules=targets,
                 task_type="CAUSAL_LM",
-            ),  # fmt: skip
+            ),
         )
     return model, tokenizer
 
