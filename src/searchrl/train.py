@@ -81,9 +81,9 @@ def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, tr
 
 
 def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
-    import accelerate
+    from searchrl.engine.engine import distributed_state
 
-    state = accelerate.PartialState()
+    state = distributed_state()
     if exp.algorithm is None:
         raise ConfigError(
             "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"

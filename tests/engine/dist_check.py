@@ -8,6 +8,7 @@ groups, so any difference between layouts comes from the engine, not from sampli
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def main() -> None:
     records = None
     if a.algorithm == "sft":
         records = teacher_records(rt.env(), rt.world, rt.examples("train")[:8], TeacherConfig())
-    tr = Trainer(algorithm=a.algorithm, algorithm_args={"kl_coef": 0.1} if a.algorithm == "grpo" else {},
+    tr = Trainer(algorithm=a.algorithm, algorithm_args={"kl_coef": float(os.environ.get("DIST_KL", "0.1"))} if a.algorithm == "grpo" else {},
                  model_path=a.model, cfg=cfg, out_dir=Path(a.out).parent / "run", runtime=rt, records=records)  # fmt: skip
     eng = tr.engine
     if a.algorithm == "grpo":
@@ -67,6 +68,13 @@ def main() -> None:
 
         tr.algo.collect = collect
     metrics = tr.step(0)
+    if os.environ.get("DIST_DEBUG"):
+        print(
+            "RANK",
+            eng.rank,
+            {k: round(v, 6) for k, v in metrics.items() if not k.startswith("time")},
+            flush=True,
+        )
     state = eng.accelerator.get_state_dict(tr.policy)
     if eng.is_main:
         torch.save({"loss": metrics["train/loss"], "world": eng.world_size, "deepspeed": eng.is_deepspeed,

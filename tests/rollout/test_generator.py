@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 import torch
 
@@ -40,50 +42,58 @@ def test_logprobs_equal_a_recompute(model_tok):
 
 
 class Scripted(torch.nn.Module):
-    """Emits a fixed token sequence per row regardless of input (for exact stop tests)."""
+    """Next token = a fixed function of the row's last input token (stateless, so finished rows can be
+    dropped from the batch), for exact stop tests."""
 
-    def __init__(self, script, vocab):
+    def __init__(self, next_of, vocab):
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1))
-        self.script, self.vocab, self.t = script, vocab, 0
+        self.next_of, self.vocab = next_of, vocab
 
     def forward(
         self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True
     ):
-        if past_key_values is None:
-            self.t = 0
         logits = torch.full((input_ids.shape[0], input_ids.shape[1], self.vocab), -1e9)
-        for b, seq in enumerate(self.script):
-            logits[b, -1, seq[min(self.t, len(seq) - 1)]] = 0.0
-        self.t += 1
-        return type("Out", (), {"logits": logits, "past_key_values": ()})()
+        for b in range(input_ids.shape[0]):
+            logits[b, -1, self.next_of[int(input_ids[b, -1])]] = 0.0
+        cache = past_key_values if past_key_values is not None else _NoCache()
+        return type("Out", (), {"logits": logits, "past_key_values": cache})()
+
+
+class _NoCache:
+    def batch_select_indices(self, indices):
+        pass
+
+
+def chain(*seq):
+    return dict(itertools.pairwise(seq))
 
 
 def test_stops_exactly_at_tag_eos_or_length(model_tok):
     _, tok = model_tok
     stop = tok.convert_tokens_to_ids("</search>")
     ans = tok.convert_tokens_to_ids("</answer>")
-    script = [[20, 21, stop, 22, 23], [30, ans, 31], [40, tok.eos_token_id, 41], [50, 51, 52, 53, 54, 55]]
-    gen = HFGenerator(Scripted(script, len(tok)), tok, stop_strings=("</search>", "</answer>"))
-    outs = gen.generate([[1], [1, 2], [3], [4]], SamplingParams(temperature=0.0, max_new_tokens=4))
-    assert [o.token_ids for o in outs] == [
-        [20, 21, stop],
-        [30, ans],
-        [40, tok.eos_token_id],
-        [50, 51, 52, 53],
-    ]
+    eos = tok.eos_token_id
+    nxt = {
+        **chain(1, 20, 21, stop, 22),
+        **chain(2, 30, ans, 31),
+        **chain(3, 40, eos, 41),
+        **chain(4, 50, 51, 52, 53, 54),
+    }
+    gen = HFGenerator(Scripted(nxt, len(tok)), tok, stop_strings=("</search>", "</answer>"))
+    outs = gen.generate([[1], [9, 2], [3], [4]], SamplingParams(temperature=0.0, max_new_tokens=4))
+    assert [o.token_ids for o in outs] == [[20, 21, stop], [30, ans], [40, eos], [50, 51, 52, 53]]
     assert [o.finish for o in outs] == ["stop", "stop", "eos", "length"]
 
 
 def test_multi_token_stop_strings_are_matched_on_text(model_tok):
     _, tok = model_tok
     ids = tok("zq</stop>", add_special_tokens=False)["input_ids"]
-    script = [[*ids, 7, 7, 7]]
-    gen = HFGenerator(Scripted(script, len(tok)), tok, stop_strings=("</stop>",))
+    assert len(ids) > 1 and len(set(ids)) == len(ids)
+    nxt = {**chain(1, *ids), ids[-1]: 7, 7: 7}
+    gen = HFGenerator(Scripted(nxt, len(tok)), tok, stop_strings=("</stop>",))
     [out] = gen.generate([[1]], SamplingParams(temperature=0.0, max_new_tokens=20))
-    assert (
-        out.finish == "stop" and tok.decode(out.token_ids).endswith("</stop>") and 7 not in out.token_ids[-1:]
-    )
+    assert out.finish == "stop" and out.token_ids == ids
 
 
 def test_top_p_keeps_the_nucleus():

@@ -25,13 +25,13 @@ def grpo_outcome(
     adv = torch.zeros_like(rewards, dtype=torch.float32)
     for g in torch.unique(group_ids):
         idx = group_ids == g
-        r = rewards[idx].float()
+        r = rewards[idx].double()  # float32 group means of equal rewards leave ~1e-8 that eps would amplify
         if r.numel() < 2:
             continue
         centred = r - r.mean()
         denom = r.std() + eps
         # identical rewards carry no signal: their centred values are 0 (and 0/0 must not become NaN)
-        adv[idx] = centred / denom if std_normalize and denom > 0 else centred
+        adv[idx] = (centred / denom if std_normalize and denom > 0 else centred).float()
     return adv
 
 

@@ -14,15 +14,38 @@ from typing import Any
 import torch
 
 
+def distributed_state() -> Any:
+    """accelerate's process state, initialised the way `Engine` needs it (gloo on CPU). The first
+    initialisation fixes the process group for the whole process, so it goes through an `Accelerator`
+    (which also picks up DeepSpeed from `accelerate launch`) rather than a bare `PartialState()`."""
+    from accelerate import Accelerator, PartialState
+
+    if not PartialState._shared_state:
+        Accelerator(kwargs_handlers=_process_group_kwargs())
+    return PartialState()
+
+
+def _process_group_kwargs() -> list[Any]:
+    """gloo when launched on CPU: without it accelerate reports one process under DeepSpeed."""
+    import os
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return [InitProcessGroupKwargs(backend="gloo")] if launched and not torch.cuda.is_available() else []
+
+
 class Engine:
     def __init__(self, grad_accum: int = 1, micro_batch_size: int = 1, max_grad_norm: float | None = 1.0,
                  mixed_precision: str = "no", seed: int = 0) -> None:  # fmt: skip
         from accelerate import Accelerator
-        from accelerate.utils import InitProcessGroupKwargs, set_seed
+        from accelerate.utils import set_seed
 
-        handlers = [] if torch.cuda.is_available() else [InitProcessGroupKwargs(backend="gloo")]
+        distributed_state()
         self.accelerator = Accelerator(
-            gradient_accumulation_steps=grad_accum, mixed_precision=mixed_precision, kwargs_handlers=handlers
+            gradient_accumulation_steps=grad_accum,
+            mixed_precision=mixed_precision,
+            kwargs_handlers=_process_group_kwargs(),
         )
         self.max_grad_norm = max_grad_norm
         ds = self.accelerator.state.deepspeed_plugin
@@ -32,6 +55,10 @@ class Engine:
             ds.deepspeed_config["gradient_clipping"] = max_grad_norm or 0.0
             ds.deepspeed_config.pop("train_batch_size", None)
             ds.deepspeed_config["zero_allow_untested_optimizer"] = True  # torch SGD is fine under ZeRO
+            # checkpoints export a loadable HF model, which needs the full weights gathered
+            ds.deepspeed_config.setdefault("zero_optimization", {})[
+                "stage3_gather_16bit_weights_on_model_save"
+            ] = True
         set_seed(seed, device_specific=False)
 
     # ----------------------------------------------------------------------------- facts
@@ -69,7 +96,8 @@ class Engine:
         return self.accelerator.prepare(*objs)
 
     def prepare_frozen(self, model: Any) -> Any:
-        """A frozen model (the full-fine-tuning reference) placed like the policy."""
+        """A frozen model (the full-fine-tuning reference) placed like the policy: initialised for
+        DeepSpeed inference under ZeRO-3 (as TRL does), moved to the device otherwise."""
         if self.is_deepspeed and self.zero_stage == 3:
             from trl.models.utils import prepare_deepspeed
 

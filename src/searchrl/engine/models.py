@@ -6,7 +6,6 @@ fine-tuning it is a frozen copy (initialised for DeepSpeed inference under ZeRO-
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -48,18 +47,25 @@ def is_peft(model: Any) -> bool:
 
 
 class Reference:
-    """Log-probabilities under the reference policy."""
+    """Log-probabilities under the reference policy.
 
-    def __init__(self, policy: Any, engine: Any) -> None:
+    The full-fine-tuning reference is loaded from the model path again rather than copied: under ZeRO-3,
+    transformers loads weights already partitioned (zero.Init), and a copy of placeholders is empty.
+    """
+
+    def __init__(self, raw_policy: Any, engine: Any, model_path: str, dtype: str = "float32") -> None:
         self.engine = engine
-        self.policy = policy
-        unwrapped = engine.unwrap(policy)
-        self.shared = is_peft(unwrapped)
+        self.shared = is_peft(raw_policy)
+        self.policy: Any = None
         self.frozen: Any = None
         if not self.shared:
-            frozen = copy.deepcopy(unwrapped).eval()
-            frozen.requires_grad_(False)
+            frozen, _ = load_model_and_tokenizer(model_path, dtype=dtype)
+            frozen.eval().requires_grad_(False)
             self.frozen = engine.prepare_frozen(frozen)
+
+    def attach(self, prepared_policy: Any) -> Reference:
+        self.policy = prepared_policy
+        return self
 
     @contextmanager
     def model(self) -> Iterator[Any]:

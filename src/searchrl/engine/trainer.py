@@ -22,7 +22,7 @@ from searchrl.algorithms import ALGORITHMS
 from searchrl.algorithms.base import Algorithm, Context
 from searchrl.config import ConfigError, TrainerConfig, from_dict
 from searchrl.engine.checkpoint import Checkpointer
-from searchrl.engine.engine import Engine, NonFiniteError
+from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.metrics import MetricsSink
 from searchrl.engine.models import Reference, forward_logits, load_policy
 from searchrl.functional import token_entropy, token_logprobs, token_weights
@@ -71,14 +71,12 @@ class Trainer:
     ) -> None:
         exp = runtime.exp
         self.cfg, self.out, self.seed, self.rt = cfg, out_dir, seed, runtime
-        algo_cls = ALGORITHMS.get(algorithm)
+        algo_cls: Any = ALGORITHMS.get(algorithm)
         algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
         online = algorithm != "sft"
         self.group = exp.rollout.group_size if online else 1
 
-        import accelerate
-
-        world = accelerate.PartialState().num_processes
+        world = distributed_state().num_processes
         per_proc = _divide(cfg.batch_size, world, "trainer.batch_size", "the number of processes")
         seqs = per_proc * self.group
         mini = _divide(seqs, cfg.mini_batches, "sequences per process", "trainer.mini_batches")
@@ -88,6 +86,8 @@ class Trainer:
                                    mixed_precision=cfg.mixed_precision, seed=seed)  # fmt: skip
 
         policy, self.tokenizer = load_policy(str(model_path), exp.model.dtype, exp.model.lora)
+        kl_coef = float(getattr(algo_cfg, "kl_coef", 0.0))
+        reference = Reference(policy, eng, str(model_path), exp.model.dtype) if kl_coef > 0 else None
         params = [p for p in policy.parameters() if p.requires_grad]
         opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
         optimizer = opt_cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -119,7 +119,7 @@ class Trainer:
             records=records,
         )
         self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
-        self.reference = Reference(self.policy, eng) if self.algo.kl_coef > 0 else None
+        self.reference = reference.attach(self.policy) if reference is not None else None
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = 0

@@ -70,11 +70,11 @@ class HFGenerator:
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
         finish: list[str | None] = [None] * B
-        alive = torch.ones(B, dtype=torch.bool, device=device)
+        rows = list(range(B))  # cache row -> prompt index; finished rows are dropped from the KV cache
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        last_pos = pos[:, -1]
+        cache, logits_last, last_pos = out.past_key_values, out.logits[:, -1, :], pos[:, -1]
         for _ in range(params.max_new_tokens):
-            logits = out.logits[:, -1, :].float()
+            logits = logits_last.float()
             if params.temperature > 0:
                 logits = logits / params.temperature
             logp = F.log_softmax(logits, -1)
@@ -82,24 +82,29 @@ class HFGenerator:
                 tok = torch.multinomial(_top_p(logp, params.top_p).exp(), 1).squeeze(-1)
             else:
                 tok = logp.argmax(-1)
-            tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)
-            tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
-            for b in alive.nonzero().flatten().tolist():
-                t = int(tok[b])
+            tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
+            keep = []
+            for j, (b, t) in enumerate(zip(rows, tok.tolist())):
                 tokens[b].append(t)
-                logps[b].append(float(tok_logp[b]))
+                logps[b].append(tok_logp[j])
                 if t in self.eos_ids:
                     finish[b] = "eos"
                 elif t in self.stop_ids or (self.stop_texts and self._text_stop(tokens[b])):
                     finish[b] = "stop"
-                if finish[b] is not None:
-                    alive[b] = False
-            if not alive.any():
+                else:
+                    keep.append(j)
+            if not keep:
                 break
-            mask = torch.cat([mask, alive[:, None].long()], dim=1)
+            if len(keep) < len(rows):  # stragglers should not pay for finished rows
+                sel = torch.tensor(keep, device=device)
+                cache.batch_select_indices(sel)
+                mask, last_pos, tok = mask[sel], last_pos[sel], tok[sel]
+                rows = [rows[j] for j in keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             last_pos = last_pos + 1
             out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=last_pos[:, None],
-                        past_key_values=out.past_key_values, use_cache=True)  # fmt: skip
+                        past_key_values=cache, use_cache=True)  # fmt: skip
+            cache, logits_last = out.past_key_values, out.logits[:, -1, :]
         return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish)]  # type: ignore[arg-type]
 
     def _text_stop(self, row: list[int]) -> bool:
