@@ -140,6 +140,7 @@ class WarmStartConfig:
 
     checkpoint: str | None = None  # an existing SFT model directory to start from instead of training
     teacher_passes: int = 4  # teacher trajectories per train question (each pass: new noise and names)
+    args: dict[str, Any] = field(default_factory=dict)  # SFT algorithm arguments, e.g. {loss_on: all}
     trainer: TrainerConfig = field(
         default_factory=lambda: TrainerConfig(
             steps=600,

@@ -108,7 +108,7 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
                 start = Path(ws.checkpoint)
             else:
                 records = teacher_sft_records(rt, ws.teacher_passes)
-                start = run_stage(rt, "sft", {}, base, ws.trainer, out / "sft", records, resume)
+                start = run_stage(rt, "sft", ws.args, base, ws.trainer, out / "sft", records, resume)
             stages["sft"] = start
         stages[algo] = run_stage(rt, algo, exp.algorithm.args, start, exp.trainer, out, None, resume)
     results: dict[str, Any] = {}

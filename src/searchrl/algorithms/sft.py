@@ -21,12 +21,19 @@ from searchrl.types import RolloutBatch, Segment, Step, Trajectory
 @dataclass(frozen=True)
 class SFTConfig:
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    # "actions": NLL on the agent's tokens only (RAG-Gym SFT, fine-tuning a pretrained model).
+    # "all": language modelling on the whole trajectory, documents included — for a model trained from
+    # scratch (the local tiny models), whose documents repeat names and so teach it to copy them.
+    loss_on: Literal["actions", "all"] = "actions"
 
 
-def record_to_trajectory(rec: dict[str, Any], tokenizer: Any, example: Any = None) -> Trajectory:
+def record_to_trajectory(rec: dict[str, Any], tokenizer: Any, example: Any = None, all_tokens: bool = False
+                         ) -> Trajectory:  # fmt: skip
     """A text record (prompt, actions, observations) as segments. These are dataset texts, not model
-    samples, so tokenizing them here is right; each piece is tokenized on its own, as at rollout time."""
-    segs = [Segment("prompt", encode(tokenizer, rec["prompt"]))]
+    samples, so tokenizing them here is right; each piece is tokenized on its own, as at rollout time.
+    With ``all_tokens`` every piece is a target (segment kind "action"), for language-model training."""
+    context = "action" if all_tokens else "observation"
+    segs = [Segment("action" if all_tokens else "prompt", encode(tokenizer, rec["prompt"]))]
     steps = []
     n = len(segs[0].token_ids)
     for action, obs in zip(rec["actions"], rec["observations"]):
@@ -34,7 +41,7 @@ def record_to_trajectory(rec: dict[str, Any], tokenizer: Any, example: Any = Non
         n += len(segs[-1].token_ids)
         steps.append(Step(segment=len(segs) - 1, last_token=n - 1, info=None))  # type: ignore[arg-type]
         if obs:
-            segs.append(Segment("observation", encode(tokenizer, obs)))
+            segs.append(Segment(context, encode(tokenizer, obs)))  # type: ignore[arg-type]
             n += len(segs[-1].token_ids)
     return Trajectory(example=example, segments=segs, steps=steps, finish_reason=rec.get("finish_reason"))
 
@@ -47,7 +54,8 @@ class SFT(Algorithm):
         super().__init__(config, ctx)
         if not ctx.records:
             raise ValueError("SFT needs training records (teacher trajectories or a dataset of them)")
-        self.trajs = [record_to_trajectory(r, ctx.tokenizer) for r in ctx.records]
+        all_tokens = config.loss_on == "all"
+        self.trajs = [record_to_trajectory(r, ctx.tokenizer, all_tokens=all_tokens) for r in ctx.records]
 
     def num_items(self) -> int:
         return len(self.trajs)
