@@ -96,3 +96,19 @@ def test_grpo_kl_in_reward():
 def test_broadcast_respects_mask():
     m = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
     assert broadcast_to_tokens(torch.tensor([2.0]), m).tolist() == [[0.0, 2.0, 0.0, 2.0]]
+
+
+def test_sft_targets_actions_or_everything(tiny_model_dir):
+    from searchrl.algorithms.sft import record_to_trajectory
+    from searchrl.masking import build_batch
+    from searchrl.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    rec = {"prompt": "Question: q?\n", "actions": ["<search> a </search>", "<answer> b </answer>"],
+           "observations": ["\n<information>doc</information>\n", ""]}  # fmt: skip
+    acts = build_batch([record_to_trajectory(rec, tok)], tok.pad_token_id)
+    n_act = sum(len(tok(a, add_special_tokens=False)["input_ids"]) for a in rec["actions"])
+    assert acts.loss_mask.sum() == n_act and acts.obs_mask.any()
+    lm = build_batch([record_to_trajectory(rec, tok, all_tokens=True)], tok.pad_token_id)
+    assert lm.loss_mask.sum() == lm.attention_mask.sum() and not lm.obs_mask.any()
+    assert lm.input_ids.tolist() == acts.input_ids.tolist()

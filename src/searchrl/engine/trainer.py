@@ -94,7 +94,9 @@ class Trainer:
         from transformers import get_scheduler
 
         updates = cfg.steps * cfg.epochs * cfg.mini_batches
-        scheduler = get_scheduler(cfg.schedule, optimizer, num_warmup_steps=cfg.warmup_steps * cfg.epochs *
+        # "constant" with warm-up steps means a linear warm-up, then constant
+        name = "constant_with_warmup" if cfg.schedule == "constant" and cfg.warmup_steps else cfg.schedule
+        scheduler = get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps * cfg.epochs *
                                   cfg.mini_batches, num_training_steps=updates)  # fmt: skip
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
 
