@@ -88,26 +88,30 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
         raise ConfigError(
             "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
         )
+    algo = exp.algorithm.name
     rt = Runtime(exp)
     out = exp.out
-    if state.is_main_process:
+    ws = exp.warm_start
+    passes = ws.teacher_passes if ws else 1
+    needs_records = algo == "sft" or (ws is not None and ws.checkpoint is None)
+    if state.is_main_process:  # build the world, the local model and the teacher data once
         save_resolved(exp, out)
-        base = local_model_dir(rt)  # builds world + local model once
+        local_model_dir(rt)
+        if needs_records:
+            teacher_sft_records(rt, passes)
     state.wait_for_everyone()
     base = local_model_dir(rt)
     stages: dict[str, Path] = {"untrained": base}
-    algo = exp.algorithm.name
     if algo == "sft":
-        records = teacher_sft_records(rt, exp.warm_start.teacher_passes if exp.warm_start else 1)
+        records = teacher_sft_records(rt, passes)
         stages["sft"] = run_stage(rt, "sft", exp.algorithm.args, base, exp.trainer, out, records, resume)
     else:
         start = base
-        if exp.warm_start is not None:
-            ws = exp.warm_start
+        if ws is not None:
             if ws.checkpoint is not None:
                 start = Path(ws.checkpoint)
             else:
-                records = teacher_sft_records(rt, ws.teacher_passes)
+                records = teacher_sft_records(rt, passes)
                 start = run_stage(rt, "sft", ws.args, base, ws.trainer, out / "sft", records, resume)
             stages["sft"] = start
         stages[algo] = run_stage(rt, algo, exp.algorithm.args, start, exp.trainer, out, None, resume)
