@@ -139,7 +139,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
         from searchrl.models.load import load_model_and_tokenizer
         from searchrl.runtime import local_model_dir
 
-        path = args.model or local_model_dir(rt)
+        trained = exp.out / "final"
+        path = args.model or (trained if (trained / "config.json").exists() else local_model_dir(rt))
+        print(f"evaluating the policy in {path}")
         model, tokenizer = load_model_and_tokenizer(path, exp.model.dtype)
         states = run_policy(lambda: nullcontext(model), tokenizer, rt.env(), examples, exp.eval.temperature,
                             exp.rollout.max_new_tokens, exp.rollout.max_total_tokens, exp.rollout.batch_size)  # fmt: skip
@@ -239,7 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("config")
     e.add_argument("--agent", default=None, help="policy (default) or teacher")
     e.add_argument("--split", default=None)
-    e.add_argument("--model", default=None, help="model directory for the policy agent (default: model.path)")
+    e.add_argument(
+        "--model",
+        default=None,
+        help="model directory for the policy agent (default: the run's final model, else model.path)",
+    )
     _overrides(e)
     e.set_defaults(fn=cmd_eval)
     return p
