@@ -78,6 +78,7 @@ def main() -> None:
     state = eng.accelerator.get_state_dict(tr.policy)
     if eng.is_main:
         torch.save({"loss": metrics["train/loss"], "world": eng.world_size, "deepspeed": eng.is_deepspeed,
+                    "step_s": metrics["time/step_s"],
                     "state": {k: v.float().cpu() for k, v in state.items()}}, a.out)  # fmt: skip
     eng.wait()
 

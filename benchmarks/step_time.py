@@ -1,0 +1,130 @@
+"""One GRPO step, ours against TRL's `GRPOTrainer` driving the same multi-turn search loop through its
+`rollout_func`, on the same model, questions per step, group size, lengths and micro-batch size.
+
+    python benchmarks/step_time.py --model runs/quickstart/sft/final --steps 4
+
+Both use the same HF generation backend (our KV-cache loop, stopping at tags) so the comparison is about
+everything around it: masking, log-prob passes, loss, optimisation. The first step of each is a warm-up
+and is not counted. Target: ours <= 1.0x TRL's time per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from searchrl.config import TrainerConfig, load_experiment
+from searchrl.engine.trainer import Trainer
+from searchrl.rollout.generator import SamplingParams
+from searchrl.rollout.hf import HFGenerator
+from searchrl.rollout.loop import rollout
+from searchrl.runtime import Runtime
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ours(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[float]:
+    cfg = TrainerConfig(steps=steps, batch_size=questions, micro_batch_size=micro, lr=1e-4, save_every=10**9,
+                        log_entropy=False)  # fmt: skip
+    tr = Trainer(algorithm="grpo", algorithm_args={"kl_coef": 0.001}, model_path=model, cfg=cfg,
+                 out_dir=Path(tempfile.mkdtemp()), runtime=rt, seed=0)  # fmt: skip
+    times = []
+    for s in range(steps):
+        t = time.perf_counter()
+        tr.step(s)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def trl(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[float]:
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from searchrl.answers import exact_match
+
+    env = rt.env()
+    examples = rt.examples("train")
+    by_prompt = {env.reset(ex).prompt: ex for ex in examples}
+    G = exp.rollout.group_size
+    params = SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens)
+
+    def rollout_func(prompts, trainer):
+        unique = len(set(prompts)) == len(prompts)
+        exs = [by_prompt[p] for p in prompts]
+        gen = HFGenerator(trainer.model, trainer.processing_class, env.tags.stop_strings, batch_size=128)
+        trajs, _ = rollout(exs, env, gen, trainer.processing_class, params, G if unique else 1,
+                           exp.rollout.max_total_tokens)  # fmt: skip
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "em": []}
+        for t in trajs:
+            out["prompt_ids"].append(t.segments[0].token_ids)
+            ids, lps, mask = [], [], []
+            for seg in t.segments[1:]:
+                ids += seg.token_ids
+                lps += seg.logprobs if seg.kind == "action" and seg.logprobs else [0.0] * len(seg.token_ids)
+                mask += [1 if seg.kind == "action" else 0] * len(seg.token_ids)
+            out["completion_ids"].append(ids)
+            out["logprobs"].append(lps)
+            out["env_mask"].append(mask)
+            out["em"].append(exact_match(t.answer or "", t.example.answers))
+        return out
+
+    def em_reward(completions, em, **_):
+        return em
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.t)
+
+    ds = Dataset.from_list([{"prompt": p} for p in by_prompt])
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=micro,
+                      gradient_accumulation_steps=questions * G // micro, num_generations=G,
+                      max_completion_length=exp.rollout.max_total_tokens, learning_rate=1e-4, beta=0.001,
+                      temperature=exp.rollout.temperature, max_steps=steps, logging_steps=1, save_strategy="no",
+                      report_to=[], use_cpu=True, bf16=False, disable_tqdm=True, seed=0)  # fmt: skip
+    trainer = GRPOTrainer(model=model, reward_funcs=[em_reward], args=args, train_dataset=ds,
+                          rollout_func=rollout_func, callbacks=[Timer()])  # fmt: skip
+    trainer.train()
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(REPO / "experiments" / "quickstart.yaml"))
+    p.add_argument("--model", required=True)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--questions", type=int, default=16)
+    p.add_argument("--micro", type=int, default=32)
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    a = p.parse_args()
+    exp = load_experiment(a.config)
+    rt = Runtime(exp)
+    torch.manual_seed(0)
+    res = {"ours": ours(exp, rt, a.model, a.steps, a.questions, a.micro)}
+    torch.manual_seed(0)
+    res["trl"] = trl(exp, rt, a.model, a.steps, a.questions, a.micro)
+    summary = {k: statistics.mean(v[1:]) if len(v) > 1 else v[0] for k, v in res.items()}
+    print(f"{a.questions} questions x {exp.rollout.group_size} samples per step, micro-batch {a.micro}")
+    print("| trainer | seconds per step (mean after warm-up) | all steps |\n|---|---|---|")
+    for k, v in res.items():
+        print(f"| {k} | {summary[k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
+    print(f"ours / TRL = {summary['ours'] / summary['trl']:.2f} (target <= 1.0)")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "step_time.json").write_text(json.dumps({"steps": res, "mean": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
