@@ -32,6 +32,7 @@ class Context:
 
 class Algorithm(ABC):
     Config: ClassVar[type]
+    online: ClassVar[bool] = True  # collects with the rollout loop (False: trains on given records)
     needs_old_logprobs: ClassVar[bool] = True
 
     def __init__(self, config: Any, ctx: Context) -> None:

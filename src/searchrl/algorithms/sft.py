@@ -48,6 +48,7 @@ def record_to_trajectory(rec: dict[str, Any], tokenizer: Any, example: Any = Non
 
 class SFT(Algorithm):
     Config = SFTConfig
+    online = False
     needs_old_logprobs = False
 
     def __init__(self, config: SFTConfig, ctx: Any) -> None:

@@ -73,7 +73,7 @@ class Trainer:
         self.cfg, self.out, self.seed, self.rt = cfg, out_dir, seed, runtime
         algo_cls: Any = ALGORITHMS.get(algorithm)
         algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
-        online = algorithm != "sft"
+        online = bool(algo_cls.online)
         self.group = exp.rollout.group_size if online else 1
 
         world = distributed_state().num_processes
