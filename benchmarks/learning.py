@@ -42,7 +42,10 @@ def main() -> None:
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
         per_seed[s] = json.loads((Path("runs") / name / "results.json").read_text())
-    stages = list(next(iter(per_seed.values())))
+    first = next(iter(per_seed.values()))
+    stages = [s for s in ("untrained", "sft") if s in first] + [
+        s for s in first if s not in ("untrained", "sft")
+    ]
     print(f"\n| stage | EM mean ± std over seeds {args.seeds} | per seed |\n|---|---|---|")
     summary = {}
     for st in stages:
