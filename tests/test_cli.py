@@ -47,7 +47,7 @@ def test_validate(tmp_path, capsys):
 def test_eval_teacher_writes_results_and_resolved_config(tmp_path, capsys):
     out = tmp_path / "run"
     main(["eval", str(REPO / "experiments" / "quickstart.yaml"), "--agent", "teacher", f"output_dir={out}",
-          "teacher.noisy=false", *SMALL])  # fmt: skip
+          "teacher.noisy=false", "env.topk=3", *SMALL])  # fmt: skip
     printed = capsys.readouterr().out
     assert "| eval-teacher-test | 60 | 1.000 |" in printed
     metrics = json.loads((out / "eval-teacher-test.json").read_text())
