@@ -28,7 +28,7 @@ class Runtime:
         """The synthetic world (loaded from `data.world_dir`, or generated once into the run directory)."""
         if self.exp.data.source != "synthetic":
             return None
-        world_dir = Path(self.exp.data.world_dir) if self.exp.data.world_dir else self.exp.out / "world"
+        world_dir = self.world_dir
         if (world_dir / "world.json").exists():
             world = World.load(world_dir)
             if self.exp.data.world_dir is None and world.config != self.exp.data.world:

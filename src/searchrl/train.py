@@ -94,16 +94,18 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
     ws = exp.warm_start
     passes = ws.teacher_passes if ws else 1
     needs_records = algo == "sft" or (ws is not None and ws.checkpoint is None)
+    records = None
     if state.is_main_process:  # build the world, the local model and the teacher data once
         save_resolved(exp, out)
         local_model_dir(rt)
         if needs_records:
-            teacher_sft_records(rt, passes)
+            records = teacher_sft_records(rt, passes)
     state.wait_for_everyone()
+    if needs_records and records is None:  # the other processes read what the main one cached
+        records = teacher_sft_records(rt, passes)
     base = local_model_dir(rt)
     stages: dict[str, Path] = {"untrained": base}
     if algo == "sft":
-        records = teacher_sft_records(rt, passes)
         stages["sft"] = run_stage(rt, "sft", exp.algorithm.args, base, exp.trainer, out, records, resume)
     else:
         start = base
@@ -111,7 +113,6 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
             if ws.checkpoint is not None:
                 start = Path(ws.checkpoint)
             else:
-                records = teacher_sft_records(rt, passes)
                 start = run_stage(rt, "sft", ws.args, base, ws.trainer, out / "sft", records, resume)
             stages["sft"] = start
         stages[algo] = run_stage(rt, algo, exp.algorithm.args, start, exp.trainer, out, None, resume)

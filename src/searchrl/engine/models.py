@@ -53,19 +53,14 @@ class Reference:
     transformers loads weights already partitioned (zero.Init), and a copy of placeholders is empty.
     """
 
-    def __init__(self, raw_policy: Any, engine: Any, model_path: str, dtype: str = "float32") -> None:
-        self.engine = engine
-        self.shared = is_peft(raw_policy)
-        self.policy: Any = None
+    def __init__(self, policy: Any, engine: Any, model_path: str, dtype: str = "float32") -> None:
+        self.engine, self.policy = engine, policy
+        self.shared = is_peft(engine.unwrap(policy))
         self.frozen: Any = None
         if not self.shared:
             frozen, _ = load_model_and_tokenizer(model_path, dtype=dtype)
             frozen.eval().requires_grad_(False)
             self.frozen = engine.prepare_frozen(frozen)
-
-    def attach(self, prepared_policy: Any) -> Reference:
-        self.policy = prepared_policy
-        return self
 
     @contextmanager
     def model(self) -> Iterator[Any]:

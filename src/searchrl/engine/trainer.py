@@ -86,8 +86,6 @@ class Trainer:
                                    mixed_precision=cfg.mixed_precision, seed=seed)  # fmt: skip
 
         policy, self.tokenizer = load_policy(str(model_path), exp.model.dtype, exp.model.lora)
-        kl_coef = float(getattr(algo_cfg, "kl_coef", 0.0))
-        reference = Reference(policy, eng, str(model_path), exp.model.dtype) if kl_coef > 0 else None
         params = [p for p in policy.parameters() if p.requires_grad]
         opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
         optimizer = opt_cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -121,7 +119,8 @@ class Trainer:
             records=records,
         )
         self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
-        self.reference = reference.attach(self.policy) if reference is not None else None
+        kl = self.algo.kl_coef > 0
+        self.reference = Reference(self.policy, eng, str(model_path), exp.model.dtype) if kl else None
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = 0
