@@ -33,6 +33,7 @@ def main() -> None:
     )
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-reuse", action="store_true", help="re-prefill the whole context every turn")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = p.parse_args()
     torch.set_num_threads(torch.get_num_threads())
@@ -43,7 +44,7 @@ def main() -> None:
     model.eval()
     examples = rt.examples("test")[: args.batch]
     params = SamplingParams(exp.rollout.temperature, 1.0, exp.rollout.max_new_tokens)
-    gen = HFGenerator(model, tok, env.tags.stop_strings, batch_size=args.batch)
+    gen = HFGenerator(model, tok, env.tags.stop_strings, batch_size=args.batch, reuse_cache=not args.no_reuse)
     rows = []
     for r in range(args.repeats):
         torch.manual_seed(r)
@@ -70,7 +71,7 @@ def main() -> None:
                      "turns_per_episode": stats.actions / max(stats.episodes, 1)})  # fmt: skip
     best = {k: max(r[k] for r in rows) for k in ("loop_tok_s", "plain_tok_s")}
     ratio = best["loop_tok_s"] / best["plain_tok_s"]
-    print(f"batch {args.batch}, model {args.model}")
+    print(f"batch {args.batch}, model {args.model}, KV reuse across turns: {not args.no_reuse}")
     print(
         "| run | loop tokens | loop tok/s | plain tokens | plain tok/s | turns/episode |\n|---|---|---|---|---|---|"
     )
@@ -80,8 +81,18 @@ def main() -> None:
     print(f"best loop / best plain = {ratio:.2f} (target >= 0.8)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rollout_overhead-b{args.batch}.json").write_text(
-        json.dumps({"rows": rows, "ratio": ratio}, indent=1)
+    suffix = "-noreuse" if args.no_reuse else ""
+    (out / f"rollout_overhead-b{args.batch}{suffix}.json").write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "ratio": ratio,
+                "kv_reuse": not args.no_reuse,
+                "threads": torch.get_num_threads(),
+                "reused_prompt_tokens": gen.reused_tokens,
+            },
+            indent=1,
+        )
     )
 
 

@@ -129,6 +129,22 @@ def test_reward_args_checked_against_signature():
     ):
         check_arguments(exp)
     check_arguments(load_experiment(None, ["rewards=[{name: test_config_bonus, args: {bonus: 2}}]"]))
+    exp = load_experiment(None, ["rewards=[{name: em, args: {answers: [x]}}]"])  # a provided field
+    with pytest.raises(ConfigError, match=r"rewards\[0\].args.answers"):
+        check_arguments(exp)
+    with pytest.raises(
+        ConfigError, match=r"reward 'stepsearch' has no argument 'gama_key'(.|\n)*did you mean 'gamma_key'"
+    ):
+        check_arguments(load_experiment(None, ["rewards=[{name: stepsearch, args: {gama_key: 2}}]"]))
+
+
+def test_steppo_needs_a_process_reward():
+    exp = load_experiment(None, ["algorithm={name: steppo}", "rewards=[{name: f1}]"])
+    with pytest.raises(
+        ConfigError, match=r"key 'rewards'.*no configured reward is a process reward(.|\n)*stepsearch"
+    ):
+        check_arguments(exp, "x.yaml")
+    check_arguments(load_experiment(None, ["algorithm={name: steppo}", "rewards=[{name: stepsearch}]"]))
 
 
 def test_resolved_config_round_trips(tmp_path):

@@ -304,6 +304,7 @@ def check_arguments(exp: Experiment, source: str = "<config>") -> None:
 
     from searchrl.algorithms import ALGORITHMS
     from searchrl.rewards import REWARDS
+    from searchrl.rewards.registry import PROVIDED, reward_kind
 
     if exp.algorithm is not None:
         algo = ALGORITHMS.get(exp.algorithm.name)
@@ -314,12 +315,22 @@ def check_arguments(exp: Experiment, source: str = "<config>") -> None:
             raise ConfigError(
                 "this algorithm takes no arguments", file=source, key="algorithm", value=exp.algorithm.args
             )
+        if getattr(algo, "needs_process_reward", False) and not any(
+            reward_kind(s.name) == "process" for s in exp.rewards
+        ):
+            raise ConfigError(
+                f"algorithm '{exp.algorithm.name}' places per-step rewards, but no configured reward is a "
+                "process reward", file=source, key="rewards", value=[s.name for s in exp.rewards],
+                choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
+                hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only")  # fmt: skip
     for i, spec in enumerate(exp.rewards):
         params = inspect.signature(REWARDS.get(spec.name)).parameters
-        allowed = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        allowed = [
+            n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in PROVIDED
+        ]
         named_only = not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         for arg in spec.args:
-            if arg not in allowed and (named_only or arg in ("answers", "hops", "metadata")):
+            if arg in PROVIDED or (arg not in allowed and named_only):
                 raise ConfigError(f"reward '{spec.name}' has no argument '{arg}'", file=source,
                                   key=f"rewards[{i}].args.{arg}", value=arg, choices=allowed)  # fmt: skip
 

@@ -124,9 +124,9 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(make_exp, monkeypa
     real = tr.algo.loss
     calls = {"n": 0}
 
-    def poisoned(logp, ent, mb):
+    def poisoned(logp, ent, mb, values=None):
         calls["n"] += 1
-        loss, m = real(logp, ent, mb)
+        loss, m = real(logp, ent, mb, values)
         return (loss * float("nan") if calls["n"] > 1 else loss), m
 
     monkeypatch.setattr(tr.algo, "loss", poisoned)
@@ -138,3 +138,43 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(make_exp, monkeypa
     latest = (exp.out / "checkpoints" / "latest").read_text()
     assert latest == "step-000001"
     assert json.loads((exp.out / "checkpoints" / latest / "trainer.json").read_text())["step"] == 1
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_ppo_trains_policy_and_value_head(make_exp, lora):
+    over = ["rollout.temperature=1.0", "rewards=[{name: test_trainer_length}]"]
+    exp = make_exp(*over, *(["model.lora={r: 4, alpha: 8}"] if lora else []))
+    cfg = TrainerConfig(steps=2, batch_size=2, micro_batch_size=4, lr=5e-3, save_every=1)
+    tr = trainer_for(exp, "ppo", cfg, args={"kl_coef": 0.05, "adaptive_kl": True, "critic_lr": 1e-2})
+    assert [g["lr"] for g in tr.optimizer.param_groups] == [5e-3, 1e-2]
+    before = state(tr.policy)
+    final = tr.run()
+    after = state(tr.policy)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert {"value_head.weight", "value_head.bias"} <= changed
+    assert any(k.startswith("lm.") for k in changed)
+    if lora:
+        assert all("lora_" in k or k.startswith("value_head.") for k in changed)
+    row = read_metrics(exp.out / "metrics.jsonl")[-1]
+    for key in ("train/value_loss", "train/pg_loss", "train/value_clip_frac", "critic/value_mean",
+                "critic/return_mean", "kl/coef", "kl/sequence"):  # fmt: skip
+        assert key in row and row[key] == row[key], key
+    assert row["kl/coef"] != 0.05  # adapted
+    saved = json.loads((exp.out / "checkpoints" / "step-000002" / "trainer.json").read_text())
+    assert saved["algorithm"]["kl_coef"] == pytest.approx(tr.algo.kl_coef)
+    head = load_file(str(final / "value_head.safetensors"))
+    assert torch.allclose(head["weight"], after["value_head.weight"])
+    resumed = trainer_for(exp, "ppo", TrainerConfig(steps=3, batch_size=2, micro_batch_size=4, lr=5e-3),
+                          args={"kl_coef": 0.05, "adaptive_kl": True}, resume=True)  # fmt: skip
+    assert resumed.start_step == 2 and resumed.algo.kl_coef == pytest.approx(tr.algo.kl_coef)
+    assert torch.allclose(state(resumed.policy)["value_head.weight"], after["value_head.weight"])
+
+
+def test_steppo_runs_with_stepsearch_rewards(make_exp):
+    exp = make_exp("rollout.temperature=1.0", "rewards=[{name: stepsearch, args: {gamma_key: 0.5}}]")
+    cfg = TrainerConfig(steps=1, batch_size=2, micro_batch_size=4, lr=1e-3, save_every=1)
+    tr = trainer_for(exp, "steppo", cfg, args={"kl_coef": 0.0})
+    tr.run()
+    row = read_metrics(exp.out / "metrics.jsonl")[-1]
+    for key in ("reward/stepsearch", "reward/stepsearch/key", "reward/stepsearch/gain", "train/value_loss"):
+        assert key in row and row[key] == row[key], key

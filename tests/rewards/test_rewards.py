@@ -90,3 +90,47 @@ def test_custom_process_reward_with_args():
     assert REWARDS.meta("test_rewards_bonus") == {"kind": "process"}
     with pytest.raises(ValueError, match="no rewards configured"):
         RewardPipeline([])
+
+
+@pytest.mark.parametrize(
+    "actions, expected",
+    [
+        (["<think> a </think><search> ann </search>", "<think> b </think><answer> Ann Lee </answer>"], 1.0),
+        (["<answer> Ann Lee </answer> <search>"], 0.8),  # correct, broken structure: score - 0.2
+        (["<think> a </think><search> ann </search>", "<think> b </think><answer> Bob </answer>"], 0.3),
+        (["<think> b </think><answer> Bob </answer>"], 0.2),  # valid, gold never retrieved
+        (["<answer> Bob </answer> </think>"], 0.1),  # wrong and broken: final-format score
+    ],
+)
+def test_search_r1_format_reward_cases(actions, expected):
+    from searchrl.rewards.outcome import search_r1_format_reward
+
+    t = episode(actions, tags="search_r1")
+    assert search_r1_format_reward(t, answers=EX.answers).score == pytest.approx(expected)
+
+
+def test_search_r1_format_reward_without_an_answer():
+    from searchrl.rewards.outcome import search_r1_format_reward
+
+    t = episode(["<think> a </think><search> ann </search>"], tags="search_r1")
+    assert t.answer is None
+    assert search_r1_format_reward(t, answers=EX.answers).score == 0.0  # unfinished: no final <answer>
+
+
+def test_rewards_get_only_the_fields_they_name_and_lazy_resources():
+    built = []
+
+    def needs_docs(traj, *, docs, scale=1.0):
+        return scale * len(docs)
+
+    def plain(traj, *, answers):
+        return float(len(answers))
+
+    t = episode(GOOD)
+    resources = {"docs": lambda: built.append(1) or {"a": 1, "b": 2}}
+    from searchrl.rewards.pipeline import call_reward
+
+    assert call_reward(plain, t, {}, resources).score == 1.0 and built == []  # never built: not asked for
+    pipe = RewardPipeline([RewardSpec("em")], resources)
+    assert call_reward(needs_docs, t, {"scale": 0.5}, pipe.resources).score == 1.0
+    assert call_reward(needs_docs, t, {}, pipe.resources).score == 2.0 and built == [1]  # built once

@@ -101,3 +101,42 @@ def test_top_p_keeps_the_nucleus():
     kept = _top_p(logp, 0.75).exp()
     assert kept[0, :2].tolist() == pytest.approx([0.5, 0.3]) and kept[0, 2:].tolist() == [0.0, 0.0]
     assert torch.equal(_top_p(logp, 1.0), logp)
+
+
+def test_kv_reuse_across_turns_matches_a_fresh_prefill(model_tok):
+    """Turn 2 under a cache key prefills only the new tail, and gives what a full prefill gives."""
+    model, tok = model_tok
+    stop = tok.convert_tokens_to_ids("</search>")
+    prompts = [tok("Question: Who directed Keve?\n")["input_ids"], tok("Q: x\n<think> a b c")["input_ids"]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    gen = HFGenerator(model, tok, stop_strings=("</search>",))
+    gen.stop_ids = set(range(len(tok))) - {tok.eos_token_id}  # every token stops: rows end after 1 token
+    keys = ["a", "b"]
+    first = gen.generate(prompts, params, keys)
+    assert all(o.finish == "stop" for o in first) and set(gen._saved) == {"a", "b"}
+    obs = [tok(" <information> doc one </information>\n")["input_ids"], [stop, stop, 5]]
+    turn2 = [p + o.token_ids + x for p, o, x in zip(prompts, first, obs)]
+    gen.stop_ids = {stop}
+    reused = gen.generate(turn2, params, keys)
+    assert gen.reused_tokens == sum(len(p) for p in prompts)  # prompt + the fed part of turn 1 (nothing)
+    fresh = HFGenerator(model, tok, stop_strings=("</search>",)).generate(turn2, params)
+    for r, f in zip(reused, fresh):
+        assert r.token_ids == f.token_ids
+        assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(f.logprobs), atol=1e-4)
+    assert "a" not in gen._saved or gen._saved["a"].tokens[: len(turn2[0])] == turn2[0]
+    gen.release()
+    assert gen._saved == {}
+
+
+def test_a_stale_cache_key_falls_back_to_a_full_prefill(model_tok):
+    model, tok = model_tok
+    gen = HFGenerator(model, tok)
+    gen.stop_ids = set(range(len(tok))) - {tok.eos_token_id}
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    gen.generate([tok("Question: a\n")["input_ids"]], params, ["k"])
+    other = tok("Something else entirely\n")["input_ids"]  # does not extend the cached tokens
+    gen.stop_ids = set()
+    [r] = gen.generate([other], params, ["k"])
+    assert gen.reused_tokens == 0
+    [f] = HFGenerator(model, tok).generate([other], params)
+    assert r.token_ids == f.token_ids

@@ -13,7 +13,10 @@ class ScriptedGenerator:
     def __init__(self, tok, actions):
         self.tok, self.actions, self.calls = tok, actions, 0
 
-    def generate(self, prompts, params):
+    def release(self, cache_keys=None):
+        pass
+
+    def generate(self, prompts, params, cache_keys=None):
         out = []
         for _ in prompts:
             text = self.actions[min(self.calls, len(self.actions) - 1)]

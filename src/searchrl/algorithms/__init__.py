@@ -6,5 +6,7 @@ ALGORITHMS: Registry[type] = Registry("algorithm")
 # Lazy so that configs can be validated without importing torch.
 ALGORITHMS.add_lazy("sft", "searchrl.algorithms.sft:SFT")
 ALGORITHMS.add_lazy("grpo", "searchrl.algorithms.grpo:GRPO")
+ALGORITHMS.add_lazy("ppo", "searchrl.algorithms.ppo:PPO")
+ALGORITHMS.add_lazy("steppo", "searchrl.algorithms.steppo:StePPO")
 
 __all__ = ["ALGORITHMS"]

@@ -34,9 +34,24 @@ class Algorithm(ABC):
     Config: ClassVar[type]
     online: ClassVar[bool] = True  # collects with the rollout loop (False: trains on given records)
     needs_old_logprobs: ClassVar[bool] = True
+    value_head: ClassVar[bool] = False  # actor-critic: the policy carries a value head (`PolicyWithValue`)
+    needs_process_reward: ClassVar[bool] = False  # the experiment must configure a per-step reward
 
     def __init__(self, config: Any, ctx: Context) -> None:
         self.cfg, self.ctx = config, ctx
+        self.step = 0  # the trainer sets the current step before each collect
+
+    @classmethod
+    def param_groups(cls, config: Any, model: torch.nn.Module, lr: float) -> list[dict[str, Any]]:
+        """Optimizer parameter groups (e.g. a critic learning rate for the value head)."""
+        return [{"params": [p for p in model.parameters() if p.requires_grad], "lr": lr}]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Algorithm state that must survive a resume (e.g. an adaptive KL coefficient); JSON-serialisable."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Restore what `state_dict` returned."""
 
     # how many items (questions, records) one pass over the training data has
     def num_items(self) -> int:
@@ -50,15 +65,40 @@ class Algorithm(ABC):
     def loss_agg(self) -> str:
         return str(getattr(self.cfg, "loss_agg", "token-mean"))
 
-    @abstractmethod
     def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
-        """Trajectories (with rewards) for the training items ``indices`` of this process."""
+        """Trajectories (with rewards) for the training items ``indices`` of this process: by default
+        ``rollout.group_size`` fresh episodes per question, scored by the reward pipeline."""
+        from searchrl.rollout.loop import rollout
+
+        c = self.ctx
+        examples = [c.train_examples[i] for i in indices]
+        trajs, stats = rollout(
+            examples, c.env, c.generator, c.tokenizer, c.sampling, c.group_size, c.max_total_tokens
+        )
+        for t in trajs:  # group ids unique across processes: one group per question
+            t.group_id = indices[t.group_id]
+        return trajs, {**stats.metrics(), **c.rewards(trajs)}
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Fill ``batch.extras`` (advantages, returns, …) from rewards and the no-grad passes."""
         return {}
 
+    def with_kl(self, loss: torch.Tensor, metrics: dict[str, torch.Tensor], logp: torch.Tensor,
+                entropy: torch.Tensor | None, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        """Adds β·KL(π‖π_ref) per action token when the config puts the KL in the loss (``kl_in: loss``,
+        estimator ``kl_estimator``), and logs the entropy."""
+        if getattr(self.cfg, "kl_in", "loss") == "loss" and self.kl_coef > 0:
+            from searchrl.functional import kl_penalty
+
+            kl = kl_penalty(logp, mb.extras["ref_logp"], self.cfg.kl_estimator)
+            loss = loss + self.kl_coef * kl
+            metrics["kl"] = kl.detach()
+        if entropy is not None:
+            metrics["entropy"] = entropy
+        return loss, metrics
+
     @abstractmethod
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
-        """Unreduced per-token loss (B, T) and per-token metrics for a micro-batch."""
+    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
+             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        """Unreduced per-token loss (B, T) and per-token metrics for a micro-batch; ``values`` (B, T) from
+        the value head when the algorithm has one."""

@@ -17,8 +17,7 @@ from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
 from searchrl.algorithms.base import Algorithm
 from searchrl.algorithms.losses import clipped_policy_loss
 from searchrl.functional import kl_penalty, masked_sum
-from searchrl.rollout.loop import rollout
-from searchrl.types import RolloutBatch, Trajectory
+from searchrl.types import RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -38,16 +37,6 @@ class GRPOConfig:
 class GRPO(Algorithm):
     Config = GRPOConfig
 
-    def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
-        c = self.ctx
-        examples = [c.train_examples[i] for i in indices]
-        trajs, stats = rollout(
-            examples, c.env, c.generator, c.tokenizer, c.sampling, c.group_size, c.max_total_tokens
-        )
-        for t in trajs:  # group ids unique across processes: one group per question
-            t.group_id = indices[t.group_id]
-        return trajs, {**stats.metrics(), **c.rewards(trajs)}
-
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         rewards = batch.rewards
         metrics = {}
@@ -60,15 +49,9 @@ class GRPO(Algorithm):
         batch.extras["advantages"] = broadcast_to_tokens(adv, batch.loss_mask)
         return metrics
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
+             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
         cfg = self.cfg
         loss, metrics = clipped_policy_loss(logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low,
                                             cfg.clip_high)  # fmt: skip
-        if cfg.kl_in == "loss" and self.kl_coef > 0:
-            kl = kl_penalty(logp, mb.extras["ref_logp"], cfg.kl_estimator)
-            loss = loss + self.kl_coef * kl
-            metrics["kl"] = kl.detach()
-        if entropy is not None:
-            metrics["entropy"] = entropy
-        return loss, metrics
+        return self.with_kl(loss, metrics, logp, entropy, mb)

@@ -66,6 +66,6 @@ class SFT(Algorithm):
         tokens = sum(t.n_action_tokens for t in picked)
         return picked, {"sft/action_tokens": float(tokens)}
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
+             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
         return nll_loss(logp)

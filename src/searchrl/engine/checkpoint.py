@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.engine.engine import Engine
-from searchrl.engine.models import is_peft
+from searchrl.engine.models import is_peft, lm_of
 
 
 def _trainable_only(model: Any) -> Any:
@@ -43,7 +43,7 @@ class Checkpointer:
             tokenizer,
             keep,
         )
-        self.lora = is_peft(engine.unwrap(model))
+        self.lora = is_peft(lm_of(engine.unwrap(model)))
         if self.lora and not engine.is_deepspeed:
             engine.accelerator.register_save_state_pre_hook(_trainable_only(engine.unwrap(model)))
 

@@ -15,8 +15,77 @@ import torch
 from searchrl.config import LoraConfig
 from searchrl.models.load import load_model_and_tokenizer
 
+VALUE_HEAD_FILE = "value_head.safetensors"
 
-def load_policy(path: str, dtype: str = "float32", lora: LoraConfig | None = None) -> tuple[Any, Any]:
+
+class PolicyWithValue(torch.nn.Module):
+    """The policy LM plus a scalar value head on its last hidden state: one module, so one engine is
+    prepared under ZeRO-3 and one optimizer holds both (the head in its own parameter group).
+
+    Called like the LM (generation, reference passes) it returns the LM's output; with ``values=True``
+    it returns ``(output, values)``, ``values`` (B, T) aligned like `functional.token_logprobs`: position
+    t holds V of the state *before* token t (read from the hidden state at t-1), 0 at t = 0. Under LoRA
+    the adapter and the head are trained; ``detach_trunk`` stops the value loss from reaching the LM.
+    """
+
+    def __init__(self, lm: Any, detach_trunk: bool = False) -> None:
+        super().__init__()
+        self.lm, self.detach_trunk = lm, detach_trunk
+        hidden = (lm.get_base_model() if is_peft(lm) else lm).config.hidden_size
+        self.value_head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.value_head.weight)  # V = 0 at the start: GAE begins as reward-to-go
+        torch.nn.init.zeros_(self.value_head.bias)
+        self.value_head.to(next(lm.parameters()).dtype)
+
+    @property
+    def config(self) -> Any:
+        return self.lm.config
+
+    # what generation helpers (trl's unwrap_model_for_generation) ask of a model
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5 renamed it
+            if hasattr(type(self.lm), name) or name in vars(self.lm):
+                return bool(getattr(self.lm, name))
+        return False
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.lm.gradient_checkpointing_enable(**kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.lm.gradient_checkpointing_disable()
+
+    def forward(self, *args: Any, values: bool = False, **kwargs: Any) -> Any:
+        if not values:
+            return self.lm(*args, **kwargs)
+        out = self.lm(*args, output_hidden_states=True, **kwargs)
+        h = out.hidden_states[-1]
+        v = self.value_head(h.detach() if self.detach_trunk else h).squeeze(-1).float()
+        return out, torch.nn.functional.pad(v[:, :-1], (1, 0))
+
+    def save_pretrained(self, out: str, state_dict: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """The LM as usual (adapter only under LoRA) and the head beside it in ``value_head.safetensors``."""
+        from safetensors.torch import save_file
+
+        sd = state_dict if state_dict is not None else self.state_dict()
+        lm_sd = {k.removeprefix("lm."): v for k, v in sd.items() if k.startswith("lm.")}
+        self.lm.save_pretrained(out, state_dict=lm_sd, **kwargs)
+        head = {
+            k.removeprefix("value_head."): v.contiguous()
+            for k, v in sd.items()
+            if k.startswith("value_head.")
+        }
+        save_file(head, f"{out}/{VALUE_HEAD_FILE}")
+
+
+def lm_of(model: Any) -> Any:
+    """The language model inside a `PolicyWithValue` (or the model itself)."""
+    return model.lm if isinstance(model, PolicyWithValue) else model
+
+
+def load_policy(path: str, dtype: str = "float32", lora: LoraConfig | None = None, value_head: bool = False,
+                detach_trunk: bool = False) -> tuple[Any, Any]:  # fmt: skip
+    """The trainable policy (LoRA-wrapped if configured), with a value head for actor-critic methods."""
     model, tokenizer = load_model_and_tokenizer(path, dtype=dtype)
     model.config.use_cache = False  # training forward passes; generation turns the cache on explicitly
     if lora is not None:
@@ -39,6 +108,8 @@ def load_policy(path: str, dtype: str = "float32", lora: LoraConfig | None = Non
                 task_type="CAUSAL_LM",
             ),
         )
+    if value_head:
+        model = PolicyWithValue(model, detach_trunk)
     return model, tokenizer
 
 
@@ -55,7 +126,7 @@ class Reference:
 
     def __init__(self, policy: Any, engine: Any, model_path: str, dtype: str = "float32") -> None:
         self.engine, self.policy = engine, policy
-        self.shared = is_peft(engine.unwrap(policy))
+        self.shared = is_peft(lm_of(engine.unwrap(policy)))
         self.frozen: Any = None
         if not self.shared:
             frozen, _ = load_model_and_tokenizer(model_path, dtype=dtype)
@@ -65,7 +136,7 @@ class Reference:
     @contextmanager
     def model(self) -> Iterator[Any]:
         if self.shared:
-            with self.engine.unwrap(self.policy).disable_adapter():
+            with lm_of(self.engine.unwrap(self.policy)).disable_adapter():
                 yield self.policy
         else:
             yield self.frozen
@@ -73,7 +144,14 @@ class Reference:
 
 def forward_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) of a right-padded batch."""
+    return forward(model, input_ids, attention_mask)[0]
+
+
+def forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, values: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """Logits (B, T, V) of a right-padded batch and, from a `PolicyWithValue`, values (B, T)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).logits
+    kw = {"values": True} if values else {}
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                **kw)  # fmt: skip
+    return (out[0].logits, out[1]) if values else (out.logits, None)

@@ -24,7 +24,7 @@ from searchrl.config import ConfigError, TrainerConfig, from_dict
 from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.metrics import MetricsSink
-from searchrl.engine.models import Reference, forward_logits, load_policy
+from searchrl.engine.models import Reference, forward, load_policy
 from searchrl.functional import token_entropy, token_logprobs, token_weights
 from searchrl.masking import build_batch
 from searchrl.rollout.generator import GENERATORS, SamplingParams
@@ -85,10 +85,12 @@ class Trainer:
         self.engine = eng = Engine(grad_accum=accum, micro_batch_size=self.micro, max_grad_norm=cfg.max_grad_norm,
                                    mixed_precision=cfg.mixed_precision, seed=seed)  # fmt: skip
 
-        policy, self.tokenizer = load_policy(str(model_path), exp.model.dtype, exp.model.lora)
-        params = [p for p in policy.parameters() if p.requires_grad]
+        self.values = bool(algo_cls.value_head)
+        policy, self.tokenizer = load_policy(str(model_path), exp.model.dtype, exp.model.lora, self.values,
+                                             getattr(algo_cfg, "detach_value_trunk", False))  # fmt: skip
         opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
-        optimizer = opt_cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        groups = algo_cls.param_groups(algo_cfg, policy, cfg.lr)
+        optimizer = opt_cls(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         from transformers import get_scheduler
 
         updates = cfg.steps * cfg.epochs * cfg.mini_batches
@@ -111,7 +113,9 @@ class Trainer:
             env=env,
             generator=generator,
             tokenizer=self.tokenizer,
-            rewards=RewardPipeline(exp.rewards) if online else None,
+            rewards=RewardPipeline(exp.rewards, {"docs": lambda: {d.id: d for d in runtime.corpus}})
+            if online
+            else None,
             sampling=SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens),
             group_size=self.group,
             max_total_tokens=exp.rollout.max_total_tokens,
@@ -125,34 +129,41 @@ class Trainer:
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = 0
         if resume and (latest := self.ckpt.latest()) is not None:
-            self.start_step = int(self.ckpt.load(latest)["step"])
+            state = self.ckpt.load(latest)
+            self.start_step = int(state["step"])
+            self.algo.load_state_dict(state.get("algorithm", {}))
             eng.print(f"resumed from {latest} at step {self.start_step}")
         self.sink = MetricsSink(out_dir, cfg.steps, self.start_step, enabled=eng.is_main, tensorboard=cfg.tensorboard,
                                 wandb_project=cfg.wandb_project, desc=algorithm)  # fmt: skip
 
     # --------------------------------------------------------------------------------------- passes
-    def _logprobs(self, model: Any, batch: RolloutBatch, entropy: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        """Log-probs (and entropy) of the batch's action tokens under ``model``; 0 elsewhere."""
-        logits = forward_logits(model, batch.input_ids, batch.attention_mask)
+    def _logprobs(self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+        """Log-probs (and entropy, values) of the batch's action tokens under ``model``; 0 elsewhere."""
+        logits, v = forward(model, batch.input_ids, batch.attention_mask, values=values)
         logp = token_logprobs(logits, batch.input_ids, self.temperature, mask=batch.loss_mask)
         ent = None
         if entropy:
             with torch.no_grad():
                 ent = token_entropy(logits.detach() / self.temperature, batch.loss_mask)
-        return logp, ent
+        return logp, ent, v
 
     @torch.no_grad()
-    def _no_grad_pass(self, model: Any, batch: RolloutBatch) -> torch.Tensor:
+    def _no_grad_pass(self, model: Any, batch: RolloutBatch, values: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """Log-probs (B, T) of the action tokens, and values (B, T) when asked, in micro-batches."""
         order = batch.attention_mask.sum(-1).argsort(stable=True)
         out = torch.zeros_like(batch.loss_mask)
+        vals = torch.zeros_like(batch.loss_mask) if values else None
         for i in range(0, len(batch), self.micro):
             idx = order[i : i + self.micro]
             mb = batch.select(idx.tolist())
             width = int(mb.attention_mask.sum(-1).max())  # drop all-padding columns
-            lp = self._logprobs(model, mb.trim(width))[0]
+            lp, _, v = self._logprobs(model, mb.trim(width), values=values)
             out[idx, :width] = lp
-        return out * batch.loss_mask
+            if vals is not None and v is not None:
+                vals[idx, :width] = v
+        return out * batch.loss_mask, None if vals is None else vals * batch.loss_mask
 
     def _update(self, batch: RolloutBatch, sums: dict[str, float]) -> None:
         """One optimizer update over ``batch`` (this process's mini-batch), globally normalised."""
@@ -168,8 +179,8 @@ class Trainer:
             mb = batch.select(slice(i, i + self.micro))
             mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
             with eng.accumulate(self.policy):
-                logp, ent = self._logprobs(self.policy, mb, entropy=self.cfg.log_entropy)
-                loss_tok, metrics = algo.loss(logp, ent, mb)
+                logp, ent, values = self._logprobs(self.policy, mb, self.cfg.log_entropy, self.values)
+                loss_tok, metrics = algo.loss(logp, ent, mb, values)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
                 eng.backward(loss)
@@ -193,16 +204,19 @@ class Trainer:
         eng, algo, cfg = self.engine, self.algo, self.cfg
         t0 = time.perf_counter()
         indices = self.schedule.indices(step)[eng.rank :: eng.world_size]
+        algo.step = step
         trajs, collect_metrics = algo.collect(indices)
         t_collect = time.perf_counter() - t0
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
         if algo.needs_old_logprobs:
-            batch.extras["old_logp"] = self._no_grad_pass(self.policy, batch)
+            batch.extras["old_logp"], old_values = self._no_grad_pass(self.policy, batch, self.values)
+            if old_values is not None:
+                batch.extras["old_values"] = old_values
             diff = ((batch.extras["old_logp"] - batch.sampled_logprobs).abs() * batch.loss_mask).sum()
             collect_metrics["rollout/logprob_abs_diff"] = float(diff / batch.loss_mask.sum().clamp(min=1))
         if self.reference is not None:
             with self.reference.model() as ref:
-                batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)
+                batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)[0]
         prep_metrics = algo.prepare(batch)
         sums: dict[str, float] = defaultdict(float)
         n = len(batch)
@@ -245,7 +259,7 @@ class Trainer:
                     metrics.update(evaluate(self, done))
                 self.sink.log(done, metrics)
                 if done % cfg.save_every == 0 or done == cfg.steps:
-                    self.ckpt.save(done, {"metrics": metrics})
+                    self.ckpt.save(done, {"metrics": metrics, "algorithm": self.algo.state_dict()})
         except NonFiniteError as exc:
             latest = self.ckpt.latest()
             raise NonFiniteError(

@@ -2,36 +2,72 @@
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from searchrl.config import RewardSpec
-from searchrl.rewards.registry import REWARDS, RewardOutput
+from searchrl.rewards.registry import PROVIDED, REWARDS, RewardOutput, reward_kind
 from searchrl.types import Trajectory
 
 
-def call_reward(fn: Any, traj: Trajectory, args: dict[str, Any]) -> RewardOutput:
+def wanted(fn: Any) -> tuple[str, ...]:
+    """Which of the provided fields (`registry.PROVIDED`) ``fn`` names (all of them if it takes ``**kw``)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return PROVIDED
+    return tuple(n for n in PROVIDED if n in params)
+
+
+def call_reward(fn: Any, traj: Trajectory, args: dict[str, Any],
+                resources: Mapping[str, Callable[[], Any]] | None = None) -> RewardOutput:  # fmt: skip
+    """Call a reward with the fields it names, its ``args`` and (lazily built) resources such as ``docs``."""
     ex = traj.example
-    out = fn(traj, answers=ex.answers, hops=ex.hops, metadata=ex.metadata, example=ex, **args)
+    fields: dict[str, Any] = {"answers": ex.answers, "hops": ex.hops, "metadata": ex.metadata, "example": ex}
+    kwargs = {}
+    for name in wanted(fn):
+        if name in fields:
+            kwargs[name] = fields[name]
+        elif resources is not None and name in resources:
+            kwargs[name] = resources[name]()
+    out = fn(traj, **kwargs, **args)
     return out if isinstance(out, RewardOutput) else RewardOutput(score=float(out))
 
 
 class RewardPipeline:
-    """``traj.reward = Σ w_i · score_i``; ``traj.step_rewards = Σ w_i · step_scores_i`` (one per step)."""
+    """``traj.reward = Σ w_i · score_i``; ``traj.step_rewards = Σ w_i · step_scores_i`` (one per step).
 
-    def __init__(self, specs: Sequence[RewardSpec]) -> None:
+    ``resources`` maps a name a reward may ask for (``docs``) to a zero-argument function building it;
+    each is built once, on first use."""
+
+    def __init__(self, specs: Sequence[RewardSpec], resources: Mapping[str, Callable[[], Any]] | None = None
+                 ) -> None:  # fmt: skip
         if not specs:
             raise ValueError("no rewards configured: add e.g. `rewards: [{name: f1}]` to the experiment")
         self.specs = list(specs)
         self.fns = [REWARDS.get(s.name) for s in self.specs]
+        self._built: dict[str, Any] = {}
+        self.resources = {k: self._once(k, f) for k, f in (resources or {}).items()}
+
+    def _once(self, name: str, build: Callable[[], Any]) -> Callable[[], Any]:
+        def get() -> Any:
+            if name not in self._built:
+                self._built[name] = build()
+            return self._built[name]
+
+        return get
+
+    @property
+    def has_process_rewards(self) -> bool:
+        return any(reward_kind(s.name) == "process" for s in self.specs)
 
     def __call__(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         sums: dict[str, float] = defaultdict(float)
         for t in trajs:
             total, steps = 0.0, [0.0] * len(t.steps)
             for spec, fn in zip(self.specs, self.fns):
-                out = call_reward(fn, t, spec.args)
+                out = call_reward(fn, t, spec.args, self.resources)
                 total += spec.weight * out.score
                 if out.step_scores:
                     if len(out.step_scores) != len(t.steps):

@@ -1,9 +1,16 @@
 """The reward registry and the value every reward returns.
 
-A reward is a function ``f(traj, *, answers, hops, metadata, **args) -> RewardOutput | float``. It gets
-the finished episode and every field of its example; ``args`` come from the experiment file. Outcome
-rewards return a score; process rewards also return per-step scores, placed at each step's last action
-token by the masker.
+A reward is a function ``f(traj, *, <fields>, <args>) -> RewardOutput | float``. It gets the finished
+episode (``traj.state`` holds every action, observation, parsed step and retrieved document) and, by
+naming them as keyword-only parameters, any of:
+
+- ``answers``, ``hops``, ``metadata``, ``example``: the example's fields (``hops`` is its decomposition:
+  sub-questions, sub-answers, gold document ids, gold search keys);
+- ``docs``: the retrieval corpus as a mapping ``doc id -> Doc`` (built once, on first use).
+
+Its other keyword-only parameters are its ``args``, set in the experiment file and checked against the
+signature. Outcome rewards return a score; process rewards also return one score per step, which the
+masker places at that step's last action token.
 """
 
 from __future__ import annotations
@@ -25,12 +32,30 @@ class RewardOutput:
 
 
 def register_reward(name: str, kind: str = "outcome") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: ``@register_reward("retrieval_hit", kind="process")``."""
+    """Decorator: ``@register_reward("retrieval_hit", kind="process")``. The function is then known by
+    that name, and by its dotted path ``package.module:function`` too (with the same kind)."""
     if kind not in ("outcome", "process"):
         raise ValueError(f"reward kind must be 'outcome' or 'process', got {kind!r}")
-    return REWARDS.register(name, kind=kind)
+    add = REWARDS.register(name, kind=kind)
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.reward_kind = kind  # type: ignore[attr-defined]
+        return add(fn)
+
+    return deco
+
+
+def reward_kind(name: str) -> str:
+    """ "outcome" or "process", for registered names and dotted paths alike."""
+    kind = REWARDS.meta(name).get("kind")
+    return str(kind or getattr(REWARDS.get(name), "reward_kind", "outcome"))
 
 
 REWARDS.add_lazy("em", "searchrl.rewards.outcome:em_reward", kind="outcome")
 REWARDS.add_lazy("f1", "searchrl.rewards.outcome:f1_reward", kind="outcome")
 REWARDS.add_lazy("research", "searchrl.rewards.research:research_reward", kind="outcome")
+REWARDS.add_lazy("search_r1_format", "searchrl.rewards.outcome:search_r1_format_reward", kind="outcome")
+REWARDS.add_lazy("stepsearch", "searchrl.rewards.stepsearch:stepsearch_reward", kind="process")
+
+# What a reward may ask for by name besides its args: the example's fields, and shared resources.
+PROVIDED = ("answers", "hops", "metadata", "example", "docs")

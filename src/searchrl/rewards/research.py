@@ -18,9 +18,10 @@ def response_text(traj: Any) -> str:
     return "".join(a + o for a, o in zip(st.actions, st.observations))
 
 
-def research_format_ok(text: str, info_tag: str = "result") -> bool:
+def research_format_ok(text: str, info_tag: str = "result", boxed: bool = True) -> bool:
     """ReSearch's format: balanced <think>; every <search> closed and followed, in order, by its
-    <result> block; exactly one <answer> block, at the end, containing \\boxed{}."""
+    <result> block; exactly one <answer> block, at the end, containing \\boxed{} (``boxed=False``: the
+    same structure without \\boxed{}, as Search-R1 and StepSearch check it)."""
     stack: list[str] = []
     awaiting_result = False
     answers = 0
@@ -49,11 +50,11 @@ def research_format_ok(text: str, info_tag: str = "result") -> bool:
     if stack or awaiting_result or answers != 1:
         return False
     tail = text[text.rfind("<answer>") :]
-    return bool(re.search(r"\\boxed\{.+?\}", tail)) and tail.rstrip().endswith("</answer>")
+    return (not boxed or bool(re.search(r"\\boxed\{.+?\}", tail))) and tail.rstrip().endswith("</answer>")
 
 
 def research_reward(
-    traj: Any, *, answers: Sequence[str], format_score: float = 0.1, info_tag: str = "result", **_: Any
+    traj: Any, *, answers: Sequence[str], format_score: float = 0.1, info_tag: str = "result"
 ) -> RewardOutput:
     """ReSearch eq. (2): F1 of the \\boxed{} answer if it is above 0; ``format_score`` (0.1) if F1 is 0 but
     the format is valid; 0 otherwise."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -23,8 +24,22 @@ class Generation:
 
 
 class Generator(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Continue each prompt (token ids) until a stop tag, EOS or ``max_new_tokens``."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        cache_keys: Sequence[Hashable] | None = None,
+    ) -> list[Generation]:
+        """Continue each prompt (token ids) until a stop tag, EOS or ``max_new_tokens``.
+
+        ``cache_keys`` name the episode each prompt belongs to. A backend may keep an episode's KV cache
+        under its key and, when the next prompt under that key extends the tokens it has cached, compute
+        only the new tokens (the multi-turn loop passes them; vLLM does the same by prefix caching).
+        """
+        ...
+
+    def release(self, cache_keys: Sequence[Hashable] | None = None) -> None:
+        """Drop what is cached under these keys (all keys when None); weights are about to change."""
         ...
 
 

@@ -96,36 +96,43 @@ def run(
     stats = stats or RolloutStats()
     t0 = time.perf_counter()
     taken = [0] * len(trajs)
-    while True:
-        live = []
-        for i, t in enumerate(trajs):
-            if t.state is None or t.state.done or (max_steps is not None and taken[i] >= max_steps):
-                continue
-            if len(t) >= max_total_tokens - 1:
-                t.state.done, t.finish_reason = True, "length"
-                continue
-            live.append(i)
-        if not live:
-            break
-        budget = min(params.max_new_tokens, min(max_total_tokens - len(trajs[i]) for i in live))
-        gens = generator.generate([trajs[i].token_ids for i in live], _with_max(params, budget))
-        texts = [tokenizer.decode(g.token_ids) for g in gens]  # decoded to parse, never re-tokenized
-        ended = [g.finish != "stop" or not g.token_ids for g in gens]
-        results = env.step_batch([trajs[i].state for i in live], texts, ended)  # type: ignore[misc]
-        for i, g, (obs, done, info) in zip(live, gens, results):
-            t = trajs[i]
-            taken[i] += 1
-            if g.token_ids:  # an empty generation (never from our backends) has no tokens to train on
-                t.segments.append(Segment("action", g.token_ids, g.logprobs))
-                t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t) - 1, info=info))
-            if obs:
-                t.segments.append(Segment("observation", encode(tokenizer, obs)))
-            stats.tokens_generated += len(g.token_ids)
-            stats.actions += 1
-            stats.invalid_actions += not info.valid
-            stats.searches += info.kind == "search" and info.valid
-            if done:
-                t.finish_reason = "length" if g.finish == "length" else t.state.finish_reason  # type: ignore[union-attr]
+    keys = [(id(trajs), i) for i in range(len(trajs))]  # KV-cache keys, valid for this call only
+    try:
+        while True:
+            live = []
+            for i, t in enumerate(trajs):
+                if t.state is None or t.state.done or (max_steps is not None and taken[i] >= max_steps):
+                    continue
+                if len(t) >= max_total_tokens - 1:
+                    t.state.done, t.finish_reason = True, "length"
+                    continue
+                live.append(i)
+            if not live:
+                break
+            budget = min(params.max_new_tokens, min(max_total_tokens - len(trajs[i]) for i in live))
+            gens = generator.generate(
+                [trajs[i].token_ids for i in live], _with_max(params, budget), [keys[i] for i in live]
+            )
+            texts = [tokenizer.decode(g.token_ids) for g in gens]  # decoded to parse, never re-tokenized
+            ended = [g.finish != "stop" or not g.token_ids for g in gens]
+            results = env.step_batch([trajs[i].state for i in live], texts, ended)  # type: ignore[misc]
+            for i, g, (obs, done, info) in zip(live, gens, results):
+                t = trajs[i]
+                taken[i] += 1
+                if g.token_ids:  # an empty generation (never from our backends) has no tokens to train on
+                    t.segments.append(Segment("action", g.token_ids, g.logprobs))
+                    t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t) - 1, info=info))
+                if obs:
+                    t.segments.append(Segment("observation", encode(tokenizer, obs)))
+                stats.tokens_generated += len(g.token_ids)
+                stats.actions += 1
+                stats.invalid_actions += not info.valid
+                stats.searches += info.kind == "search" and info.valid
+                if done:
+                    t.finish_reason = "length" if g.finish == "length" else t.state.finish_reason  # type: ignore[union-attr]
+                    generator.release([keys[i]])
+    finally:
+        generator.release(keys)  # the weights change before the next call
     for t in trajs:
         if t.state is not None and t.state.done:
             stats.episodes += 1

@@ -1,0 +1,70 @@
+"""GRPO vs PPO vs StePPO (StepSearch Table 2 / §4.2) on the synthetic world, from one SFT checkpoint, with the
+same rollout budget per step (16 questions x 8 episodes) and steps, over several RL seeds.
+
+    python benchmarks/algorithms.py --sft runs/quickstart/sft/final --seeds 0 1 2 [KEY=VALUE ...]
+
+Each (algorithm, seed) is a `searchrl train experiments/synthetic/<algo>.yaml` run in
+runs/algos-<algo>-seed<S>/ with `warm_start.checkpoint` pointing at the shared SFT model. Reports test EM,
+F1, searches per question and the redundant-search rate (searches whose documents were all seen before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+METRICS = ("em", "f1", "searches_per_question", "redundant_search_rate")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sft", required=True, help="the SFT model every algorithm starts from")
+    p.add_argument("--algorithms", nargs="+", default=["grpo", "ppo", "steppo"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--name", default="algorithms")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    sft: dict[str, float] = {}
+    for algo in args.algorithms:
+        config = REPO / "experiments" / "synthetic" / f"{algo}.yaml"
+        results[algo] = {}
+        for s in args.seeds:
+            name = f"algos-{algo}-seed{s}"
+            res_file = Path("runs") / name / "results.json"
+            if not res_file.exists():
+                cmd = [sys.executable, "-m", "searchrl", "train", str(config), f"name={name}", f"seed={s}",
+                       f"warm_start.checkpoint={Path(args.sft).resolve()}", *args.overrides]  # fmt: skip
+                print("$", " ".join(cmd), flush=True)
+                subprocess.run(cmd, check=True)
+            res = json.loads(res_file.read_text())
+            stage = next(k for k in res if k not in ("untrained", "sft"))
+            results[algo][s] = {m: res[stage][m] for m in METRICS}
+            sft = {m: res["sft"][m] for m in METRICS}
+    head = " | ".join(METRICS)
+    print(f"\nFrom one SFT checkpoint ({args.sft}); mean ± std over seeds {args.seeds}\n")
+    print(f"| run | {head} |\n|---" + "|---" * len(METRICS) + "|")
+    print("| SFT start | " + " | ".join(f"{sft[m]:.3f}" for m in METRICS) + " |")
+    summary = {}
+    for algo, per_seed in results.items():
+        cells, summary[algo] = [], {}
+        for m in METRICS:
+            vals = [per_seed[s][m] for s in args.seeds]
+            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            summary[algo][m] = {"mean": statistics.mean(vals), "std": sd, "per_seed": vals}
+            cells.append(f"{statistics.mean(vals):.3f} ± {sd:.3f}")
+        print(f"| {algo} | " + " | ".join(cells) + " |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps({"sft": sft, "summary": summary, "seeds": args.seeds,
+                                                       "overrides": args.overrides}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""PPO with a GAE critic, as in Search-R1 (Jin et al., 2025) and StepSearch's eq. 1.
+
+The critic is a value head on the policy (`engine.models.PolicyWithValue`): one module, one engine under
+ZeRO-3; under LoRA the adapter and the head train. Per step:
+
+1. rollouts, scored by the reward pipeline: an outcome reward per episode and, for process rewards
+   (StePPO), one score per step;
+2. token rewards: the outcome at the last action token, step scores at each step's last action token,
+   and, with ``kl_in: reward``, −β·KL_t on every action token (β fixed, or adaptive à la Ziegler et al.);
+3. GAE(γ, λ) over the action tokens only (`advantages.gae`: retrieved tokens carry no TD error), then
+   advantages whitened over the batch's action tokens;
+4. loss per action token: the clipped surrogate (skipped during ``critic_warmup_steps``) plus
+   ``vf_coef`` · ½·max((V − R)², (V_clip − R)²) with V_clip = V_old + clip(V − V_old, ±value_clip), plus
+   β·KL with ``kl_in: loss``.
+
+Defaults follow Search-R1's PPO recipe (γ = λ = 1, clip 0.2, KL 0.001, critic lr 10× the actor's as in
+StepSearch Appendix B's 7e-7 / 7e-6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from searchrl.algorithms.advantages import gae, token_rewards
+from searchrl.algorithms.base import Algorithm
+from searchrl.algorithms.losses import clipped_policy_loss
+from searchrl.functional import kl_penalty, masked_mean, masked_whiten
+from searchrl.types import RolloutBatch
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    gamma: float = 1.0
+    lam: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    value_clip: float = 0.2  # 0 turns value clipping off
+    vf_coef: float = 0.5
+    critic_lr: float | None = None  # the value head's learning rate; None: 10 × trainer.lr
+    critic_warmup_steps: int = 0  # steps that train only the critic (the policy loss is 0)
+    detach_value_trunk: bool = False  # True: the value loss trains the head only, not the shared LM
+    whiten_advantages: bool = True
+    kl_coef: float = 0.001  # β; 0 skips the reference model
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_in: Literal["reward", "loss"] = "reward"
+    adaptive_kl: bool = False  # Ziegler et al. (2019): β follows the measured KL towards kl_target
+    kl_target: float = 0.01
+    kl_horizon: int = 10000
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
+        "token-mean"
+    )
+
+
+class AdaptiveKL:
+    """β ← β · (1 + clip(KL / target − 1, ±0.2) · n / horizon), with n the sequences in the batch."""
+
+    def __init__(self, init: float, target: float, horizon: int) -> None:
+        self.value, self.target, self.horizon = init, target, horizon
+
+    def update(self, kl: float, n: int) -> None:
+        error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n / self.horizon
+
+
+class PPO(Algorithm):
+    Config = PPOConfig
+    value_head = True
+
+    def __init__(self, config: Any, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        self.kl = AdaptiveKL(config.kl_coef, config.kl_target, config.kl_horizon)
+
+    @classmethod
+    def param_groups(cls, config: Any, model: torch.nn.Module, lr: float) -> list[dict[str, Any]]:
+        head = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("value_head.")]
+        rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
+        critic_lr = config.critic_lr if config.critic_lr is not None else 10 * lr
+        return [{"params": rest, "lr": lr}, {"params": head, "lr": critic_lr}]
+
+    @property
+    def kl_coef(self) -> float:
+        return float(self.kl.value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kl_coef": self.kl.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.kl.value = float(state.get("kl_coef", self.kl.value))
+
+    def prepare(self, batch: RolloutBatch) -> dict[str, float]:
+        cfg, mask = self.cfg, batch.loss_mask
+        rewards = token_rewards(batch.rewards, batch.step_rewards, batch.step_ends, batch.step_mask, mask)
+        metrics: dict[str, float] = {"kl/coef": self.kl_coef}
+        if self.kl_coef > 0:
+            kl = kl_penalty(batch.extras["old_logp"], batch.extras["ref_logp"], cfg.kl_estimator) * mask
+            seq_kl = float(kl.sum(-1).mean())
+            metrics["kl/sequence"] = seq_kl
+            if cfg.kl_in == "reward":
+                rewards = rewards - self.kl_coef * kl
+            if cfg.adaptive_kl:
+                self.kl.update(seq_kl, len(batch))
+        values = batch.extras["old_values"]
+        adv, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
+        metrics["critic/value_mean"] = float(masked_mean(values, mask))
+        metrics["critic/return_mean"] = float(masked_mean(returns, mask))
+        var_r = float(masked_mean((returns - masked_mean(returns, mask)) ** 2, mask))
+        if var_r > 0:  # fraction of the return variance the critic explains
+            metrics["critic/explained_var"] = 1.0 - float(masked_mean((returns - values) ** 2, mask)) / var_r
+        batch.extras["advantages"] = masked_whiten(adv, mask) if cfg.whiten_advantages else adv * mask
+        batch.extras["returns"] = returns
+        return metrics
+
+    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
+             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        cfg = self.cfg
+        if values is None:
+            raise RuntimeError("PPO needs the value head's outputs; the trainer passes them")
+        pg, metrics = clipped_policy_loss(logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low,
+                                          cfg.clip_high)  # fmt: skip
+        if self.step < cfg.critic_warmup_steps:
+            pg = pg * 0.0
+        vloss, vmetrics = clipped_value_loss(
+            values, mb.extras["old_values"], mb.extras["returns"], cfg.value_clip
+        )
+        metrics.update(vmetrics, pg_loss=pg.detach(), value_loss=vloss.detach())
+        return self.with_kl(pg + cfg.vf_coef * vloss, metrics, logp, entropy, mb)
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    """½·max((V − R)², (V_old + clip(V − V_old, −c, c) − R)²) per token; ``clip`` 0 or inf: unclipped."""
+    unclipped = (values - returns) ** 2
+    if clip <= 0 or math.isinf(clip):
+        return 0.5 * unclipped, {"value_clip_frac": torch.zeros_like(values)}
+    v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
+    clipped = (v_clip - returns) ** 2
+    return 0.5 * torch.maximum(unclipped, clipped), {"value_clip_frac": (clipped > unclipped).float()}
