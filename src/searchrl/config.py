@@ -190,9 +190,11 @@ def _registries() -> dict[str, Registry[Any]]:
     from searchrl.algorithms import ALGORITHMS
     from searchrl.envs.retrievers.base import RETRIEVERS
     from searchrl.rewards import REWARDS
+    from searchrl.rewards.judges import JUDGES
     from searchrl.rollout.generator import GENERATORS
 
-    return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS, "generators": GENERATORS}
+    return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS, "generators": GENERATORS,
+            "judges": JUDGES}  # fmt: skip
 
 
 def _choices(name: str) -> list[str]:

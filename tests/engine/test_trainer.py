@@ -178,3 +178,31 @@ def test_steppo_runs_with_stepsearch_rewards(make_exp):
     row = read_metrics(exp.out / "metrics.jsonl")[-1]
     for key in ("reward/stepsearch", "reward/stepsearch/key", "reward/stepsearch/gain", "train/value_loss"):
         assert key in row and row[key] == row[key], key
+
+
+class LengthJudge:
+    """Scores vary between candidates even for an untrained model, so the step groups have signal."""
+
+    def __call__(self, items):
+        from searchrl.rewards.judges import JudgeScores
+
+        return [JudgeScores(think=float(len(it.action) % 3 - 1), answer=0.0) for it in items]
+
+
+def test_slate_trains_on_step_candidates(make_exp):
+    from searchrl.rewards.judges import JUDGES
+
+    if "test_length" not in JUDGES:
+        JUDGES.add("test_length", LengthJudge)
+    exp = make_exp("rollout.temperature=1.0")
+    cfg = TrainerConfig(steps=2, batch_size=2, micro_batch_size=8, lr=1e-3, save_every=2)
+    tr = trainer_for(exp, "slate", cfg, args={"k": 3, "kl_coef": 0.01, "judge": "test_length"})
+    assert tr.group == 3 * (exp.env.max_turns + 1)
+    before = state(tr.policy)
+    tr.run()
+    assert any(not torch.equal(before[k], v) for k, v in state(tr.policy).items())
+    row = read_metrics(exp.out / "metrics.jsonl")[-1]
+    for key in ("slate/step_reward", "slate/candidates", "slate/judge_failures", "slate/em", "train/kl",
+                "train/loss", "train/sequences"):  # fmt: skip
+        assert key in row and row[key] == row[key], key
+    assert row["slate/candidates"] >= 3 * 2 and row["train/sequences"] == 2 * tr.group

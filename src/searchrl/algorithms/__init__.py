@@ -8,5 +8,6 @@ ALGORITHMS.add_lazy("sft", "searchrl.algorithms.sft:SFT")
 ALGORITHMS.add_lazy("grpo", "searchrl.algorithms.grpo:GRPO")
 ALGORITHMS.add_lazy("ppo", "searchrl.algorithms.ppo:PPO")
 ALGORITHMS.add_lazy("steppo", "searchrl.algorithms.steppo:StePPO")
+ALGORITHMS.add_lazy("slate", "searchrl.algorithms.slate:SLATE")
 
 __all__ = ["ALGORITHMS"]

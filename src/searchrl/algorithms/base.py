@@ -42,6 +42,11 @@ class Algorithm(ABC):
         self.step = 0  # the trainer sets the current step before each collect
 
     @classmethod
+    def samples_per_item(cls, config: Any, exp: Any) -> int:
+        """Training sequences one item (question, record) yields per step, the same on every process."""
+        return int(exp.rollout.group_size) if cls.online else 1
+
+    @classmethod
     def param_groups(cls, config: Any, model: torch.nn.Module, lr: float) -> list[dict[str, Any]]:
         """Optimizer parameter groups (e.g. a critic learning rate for the value head)."""
         return [{"params": [p for p in model.parameters() if p.requires_grad], "lr": lr}]

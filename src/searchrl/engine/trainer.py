@@ -74,7 +74,7 @@ class Trainer:
         algo_cls: Any = ALGORITHMS.get(algorithm)
         algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
         online = bool(algo_cls.online)
-        self.group = exp.rollout.group_size if online else 1
+        self.group = algo_cls.samples_per_item(algo_cfg, exp)
 
         world = distributed_state().num_processes
         per_proc = _divide(cfg.batch_size, world, "trainer.batch_size", "the number of processes")
@@ -228,12 +228,15 @@ class Trainer:
         # every process logs the same numbers: local sums are reduced here
         metrics = {k: eng.sum(v) for k, v in sums.items()}
         metrics["train/grad_norm"] /= eng.world_size  # the norm is global already; it was summed W times
-        local = {**collect_metrics, **prep_metrics, "reward/mean": float(batch.rewards.mean()) if n else 0.0}
-        if trajs and trajs[0].state is not None:
+        trained = batch.loss_mask.sum(-1) > 0  # rows with loss tokens (SLATE pads with empty samples)
+        local = {**collect_metrics, **prep_metrics,
+                 "reward/mean": float(batch.rewards[trained].mean()) if bool(trained.any()) else 0.0}  # fmt: skip
+        episodes = [t for t in trajs if t.state is not None]
+        if episodes:
             from searchrl.answers import exact_match
 
-            local["train/em"] = sum(exact_match(t.answer or "", t.example.answers) for t in trajs) / len(
-                trajs
+            local["train/em"] = sum(exact_match(t.answer or "", t.example.answers) for t in episodes) / len(
+                episodes
             )
         for k, v in local.items():  # process means, weighted by batch size
             metrics[k] = eng.sum(v * n) / max(eng.sum(n), 1.0)
