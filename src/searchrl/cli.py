@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socketserver
 import sys
 import time
 from pathlib import Path
@@ -93,7 +94,21 @@ def cmd_serve(args: argparse.Namespace) -> None:
     retriever = build_retriever(args.retriever, corpus=args.corpus, index=args.index, **_kv(args.arg))
     server = make_server(retriever, args.host, args.port)
     host, port = str(server.server_address[0]), server.server_address[1]
-    print(f"serving {args.retriever} on http://{host}:{port}/retrieve (Ctrl-C to stop)", flush=True)
+    _serve(server, f"serving {args.retriever} on http://{host}:{port}/retrieve (Ctrl-C to stop)")
+
+
+def cmd_serve_model(args: argparse.Namespace) -> None:
+    from searchrl.models.chat import LocalChat, make_chat_server
+
+    server = make_chat_server(
+        LocalChat.load(args.model), args.name or Path(args.model).name, args.host, args.port
+    )
+    host, port = str(server.server_address[0]), server.server_address[1]
+    _serve(server, f"serving {args.model} on http://{host}:{port}/v1/chat/completions (Ctrl-C to stop)")
+
+
+def _serve(server: socketserver.BaseServer, banner: str) -> None:
+    print(banner, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -229,6 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE")
     s.set_defaults(fn=cmd_serve)
+
+    m = sub.add_parser("serve-model", help="serve a local model over the OpenAI chat-completions protocol")
+    m.add_argument("--model", required=True, help="a local Hugging Face model directory")
+    m.add_argument(
+        "--name", default=None, help="the model name reported to clients (default: directory name)"
+    )
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--port", type=int, default=8001)
+    m.set_defaults(fn=cmd_serve_model)
 
     t = sub.add_parser("teacher", help="write scripted-teacher trajectories for a split (SFT data)")
     t.add_argument("config")
