@@ -51,10 +51,12 @@ def main() -> None:
     records = None
     if a.algorithm == "sft":
         records = teacher_records(rt.env(), rt.world, rt.examples("train")[:8], TeacherConfig())
-    tr = Trainer(algorithm=a.algorithm, algorithm_args={"kl_coef": float(os.environ.get("DIST_KL", "0.1"))} if a.algorithm == "grpo" else {},
+    online = a.algorithm in ("grpo", "ppo")
+    args = {"kl_coef": float(os.environ.get("DIST_KL", "0.1"))} if online else {}
+    tr = Trainer(algorithm=a.algorithm, algorithm_args=args,
                  model_path=a.model, cfg=cfg, out_dir=Path(a.out).parent / "run", runtime=rt, records=records)  # fmt: skip
     eng = tr.engine
-    if a.algorithm == "grpo":
+    if online:
         ctx = tr.ctx
 
         def collect(indices):

@@ -1,4 +1,4 @@
-"""Distributed training on 2 CPU processes: DDP and DeepSpeed ZeRO-3, LoRA and full parameters.
+"""Distributed training on 2 CPU processes: DDP and DeepSpeed ZeRO-3, LoRA and full parameters, GRPO, SFT and PPO.
 
 The first step's loss and the updated parameters must match a single process within float tolerance.
 DeepSpeed ZeRO-3 launches on CPU occasionally died with SIGABRT in an earlier prototype; a launch that
@@ -59,7 +59,7 @@ def compare(single, multi, world):
 def single(tmp_path_factory, world_dir, tiny_model_dir):
     out = {}
     tmp = tmp_path_factory.mktemp("single")
-    for algo, lora in (("grpo", False), ("grpo", True), ("sft", False)):
+    for algo, lora in (("grpo", False), ("grpo", True), ("sft", False), ("ppo", False), ("ppo", True)):
         f = tmp / f"{algo}-{lora}.pt"
         launch(["--algorithm", algo, "--world", str(world_dir), "--model", str(tiny_model_dir), "--out", str(f),
                 *(["--lora"] if lora else [])], tmp)  # fmt: skip
@@ -70,7 +70,7 @@ def single(tmp_path_factory, world_dir, tiny_model_dir):
 @pytest.mark.parametrize(
     "config, algo, lora",
     [("cpu_ddp.yaml", "grpo", False), ("cpu_ddp.yaml", "sft", False), ("cpu_zero3.yaml", "grpo", False),
-     ("cpu_zero3.yaml", "grpo", True)],
+     ("cpu_zero3.yaml", "grpo", True), ("cpu_zero3.yaml", "ppo", False), ("cpu_ddp.yaml", "ppo", True)],
 )  # fmt: skip
 def test_two_processes_match_one(config, algo, lora, single, tmp_path, world_dir, tiny_model_dir):
     f = tmp_path / "multi.pt"

@@ -7,6 +7,7 @@ checkpoints), so each algorithm module reads top to bottom in a page.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +29,7 @@ class Context:
     max_total_tokens: int
     train_examples: list[Any]
     records: list[Any] | None = None  # offline data (SFT records), when the algorithm trains on a dataset
+    sum_all: Callable[[Any], float] = float  # sums a number over processes (batch statistics must be global)
 
 
 class Algorithm(ABC):

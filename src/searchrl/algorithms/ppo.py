@@ -28,7 +28,7 @@ import torch
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Algorithm
 from searchrl.algorithms.losses import clipped_policy_loss
-from searchrl.functional import kl_penalty, masked_mean, masked_whiten
+from searchrl.functional import kl_penalty, masked_mean
 from searchrl.types import RolloutBatch
 
 
@@ -95,9 +95,10 @@ class PPO(Algorithm):
         cfg, mask = self.cfg, batch.loss_mask
         rewards = token_rewards(batch.rewards, batch.step_rewards, batch.step_ends, batch.step_mask, mask)
         metrics: dict[str, float] = {"kl/coef": self.kl_coef}
+        total = self.ctx.sum_all
         if self.kl_coef > 0:
             kl = kl_penalty(batch.extras["old_logp"], batch.extras["ref_logp"], cfg.kl_estimator) * mask
-            seq_kl = float(kl.sum(-1).mean())
+            seq_kl = total(kl.sum()) / max(total(len(batch)), 1.0)  # global: β must agree across processes
             metrics["kl/sequence"] = seq_kl
             if cfg.kl_in == "reward":
                 rewards = rewards - self.kl_coef * kl
@@ -110,7 +111,12 @@ class PPO(Algorithm):
         var_r = float(masked_mean((returns - masked_mean(returns, mask)) ** 2, mask))
         if var_r > 0:  # fraction of the return variance the critic explains
             metrics["critic/explained_var"] = 1.0 - float(masked_mean((returns - values) ** 2, mask)) / var_r
-        batch.extras["advantages"] = masked_whiten(adv, mask) if cfg.whiten_advantages else adv * mask
+        if cfg.whiten_advantages:  # over the global batch's action tokens, as one process would
+            n = max(total(mask.sum()), 1.0)
+            mean = total((adv * mask).sum()) / n
+            var = total((((adv - mean) * mask) ** 2).sum()) / n
+            adv = (adv - mean) * torch.rsqrt(torch.tensor(var + 1e-8)) * mask
+        batch.extras["advantages"] = adv * mask
         batch.extras["returns"] = returns
         return metrics
 

@@ -121,6 +121,7 @@ class Trainer:
             max_total_tokens=exp.rollout.max_total_tokens,
             train_examples=runtime.examples("train") if online else [],
             records=records,
+            sum_all=eng.sum,
         )
         self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
         kl = self.algo.kl_coef > 0
