@@ -34,6 +34,14 @@ def test_base_includes_merge_and_child_wins(tmp_path):
     assert [r.name for r in exp.rewards] == ["f1"] and exp.rewards[0].weight == 0.5  # lists replace
 
 
+def test_a_different_algorithm_in_a_child_does_not_inherit_the_base_arguments(tmp_path):
+    write(tmp_path, "base.yaml", "algorithm: {name: grpo, clip_low: 0.1, kl_coef: 0.0}\n")
+    same = write(tmp_path, "same.yaml", "base: base.yaml\nalgorithm: {name: grpo, kl_coef: 0.5}\n")
+    other = write(tmp_path, "other.yaml", "base: base.yaml\nalgorithm: {name: ppo, vf_coef: 0.2}\n")
+    assert load_experiment(same).algorithm.args == {"clip_low": 0.1, "kl_coef": 0.5}
+    assert load_experiment(other).algorithm.args == {"vf_coef": 0.2}
+
+
 def test_unknown_key_names_file_key_and_suggestion(tmp_path):
     f = write(tmp_path, "exp.yaml", "env:\n  topkk: 3\n")
     with pytest.raises(ConfigError) as e:

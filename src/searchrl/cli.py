@@ -117,6 +117,17 @@ def _serve(server: socketserver.BaseServer, banner: str) -> None:
         server.server_close()
 
 
+def cmd_collect(args: argparse.Namespace) -> None:
+    from searchrl.config import check_arguments, load_experiment
+    from searchrl.process_data import run
+
+    exp = load_experiment(args.config, args.overrides)
+    check_arguments(exp, args.config)
+    summary = run(exp, args.model)
+    print(json.dumps(summary, indent=1))
+    print(f"process data written to {exp.process_data.out}")
+
+
 def cmd_teacher(args: argparse.Namespace) -> None:
     from searchrl.config import load_experiment
     from searchrl.data.example import write_jsonl
@@ -166,8 +177,20 @@ def cmd_eval(args: argparse.Namespace) -> None:
         if rt.world is None:
             raise SearchRLError("the teacher agent needs the synthetic world (data.source: synthetic)")
         states = run_teacher(rt.env(), examples, exp.teacher)
-    else:
-        raise SearchRLError(f"unknown eval agent {exp.eval.agent!r}; valid: policy, teacher")
+    else:  # "prm": the start policy guided by the trained PRM (RAG-Gym Algorithm 1), for each N
+        from searchrl.train import evaluate_best_of_n
+
+        ws = exp.warm_start
+        policy = args.model or (ws.checkpoint if ws and ws.checkpoint else None) or exp.out / "sft" / "final"
+        prm = exp.eval.prm or exp.out / "final"
+        rows = {}
+        for n in exp.eval.best_of:
+            print(f"policy {policy} guided by the PRM in {prm}, best of {n}")
+            rows[f"eval-prm-best-of-{n}-{exp.eval.split}"] = evaluate_best_of_n(
+                rt, Path(policy), Path(prm), n
+            )
+        print(markdown_table(rows))
+        return
     metrics = episode_metrics(states)
     metrics["seconds"] = time.perf_counter() - t
     name = f"eval-{exp.eval.agent}-{exp.eval.split}"
@@ -254,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--port", type=int, default=8001)
     m.set_defaults(fn=cmd_serve_model)
 
+    c = sub.add_parser("collect-process-data", help="RAG-Gym step-level preference data from a policy")
+    c.add_argument("config")
+    c.add_argument("--model", required=True, help="the policy that proposes the candidate actions")
+    _overrides(c)
+    c.set_defaults(fn=cmd_collect)
+
     t = sub.add_parser("teacher", help="write scripted-teacher trajectories for a split (SFT data)")
     t.add_argument("config")
     t.add_argument("--split", default="train")
@@ -263,7 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="evaluate an agent on a split: EM, F1, searches, invalid actions")
     e.add_argument("config")
-    e.add_argument("--agent", default=None, help="policy (default) or teacher")
+    e.add_argument(
+        "--agent", default=None, help="policy (default), teacher, or prm (PRM best-of-N, eval.best_of)"
+    )
     e.add_argument("--split", default=None)
     e.add_argument(
         "--model",

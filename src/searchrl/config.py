@@ -158,8 +158,26 @@ class WarmStartConfig:
 class EvalConfig:
     split: str = "test"
     limit: int | None = None
-    agent: str = "policy"  # "policy" (greedy) or "teacher" (the scripted oracle, synthetic world only)
+    agent: Literal["policy", "teacher", "prm"] = "policy"  # greedy policy, scripted oracle, PRM best-of-N
     temperature: float = 0.0  # 0: greedy
+    best_of: tuple[int, ...] = (4, 8)  # N of the PRM-guided agent (RAG-Gym Algorithm 1)
+    best_of_temperature: float = 1.0  # sampling temperature of its candidates (RAG-Gym: 1.0)
+    prm: str | None = None  # the PRM model directory for agent "prm" (default: the run's final model)
+
+
+@dataclass(frozen=True)
+class ProcessDataConfig:
+    """RAG-Gym process-data collection (`searchrl collect-process-data`) and where DPO/PRM/SFT read it."""
+
+    out: str | None = None  # the collected dataset's directory (written by collection, read by training)
+    n: int = 4  # candidate actions per step
+    annotator: str = field(default="rule", metadata={"registry": "annotators"})
+    annotator_args: dict[str, Any] = field(default_factory=dict)
+    chosen_min: float = 1.0  # candidates scoring at least this are "chosen" …
+    rejected_max: float = -1.0  # … at most this "rejected"; every chosen x rejected pair of a step is kept
+    split: str = "train"
+    limit: int | None = None
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +195,7 @@ class Experiment:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
+    process_data: ProcessDataConfig = field(default_factory=ProcessDataConfig)
 
     @property
     def out(self) -> Path:
@@ -190,11 +209,11 @@ def _registries() -> dict[str, Registry[Any]]:
     from searchrl.algorithms import ALGORITHMS
     from searchrl.envs.retrievers.base import RETRIEVERS
     from searchrl.rewards import REWARDS
-    from searchrl.rewards.judges import JUDGES
+    from searchrl.rewards.judges import ANNOTATORS, JUDGES
     from searchrl.rollout.generator import GENERATORS
 
     return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS, "generators": GENERATORS,
-            "judges": JUDGES}  # fmt: skip
+            "judges": JUDGES, "annotators": ANNOTATORS}  # fmt: skip
 
 
 def _choices(name: str) -> list[str]:
@@ -256,9 +275,17 @@ def _read_yaml(path: Path, ctx: _Ctx, seen: tuple[Path, ...] = ()) -> dict[str, 
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """``b`` over ``a``, recursively. A mapping that names a different ``name`` (another algorithm, reward
+    or retriever) replaces the old one instead of inheriting arguments that belong to it."""
     out = dict(a)
     for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        old = out.get(k)
+        same = (
+            isinstance(v, dict)
+            and isinstance(old, dict)
+            and v.get("name", old.get("name")) == old.get("name")
+        )
+        out[k] = _merge(old, v) if same else v  # type: ignore[arg-type]
     return out
 
 

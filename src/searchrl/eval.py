@@ -112,3 +112,36 @@ def evaluate_model_dir(path: str | Path, env: Any, examples: Sequence[Any], **kw
     model, tokenizer = load_model_and_tokenizer(path)
     states = run_policy(lambda: nullcontext(model), tokenizer, env, examples, **kwargs)
     return episode_metrics(states)
+
+
+def run_best_of_n(policy: Any, tokenizer: Any, scorer: Any, env: Any, examples: Sequence[Any], n: int,
+                  temperature: float = 1.0, max_new_tokens: int = 128, max_total_tokens: int = 2048,
+                  batch_size: int = 64) -> list[EnvState]:  # fmt: skip
+    """PRM-guided inference (RAG-Gym Appendix D, Algorithm 1): at every step sample ``n`` actions from
+    the same state, keep the one the PRM scores highest, step the environment with it."""
+    from contextlib import nullcontext
+
+    from searchrl.rollout.generator import SamplingParams
+    from searchrl.rollout.hf import HFGenerator
+    from searchrl.rollout.loop import expand, start_trajectories
+
+    gen = HFGenerator(None, tokenizer, env.tags.stop_strings, batch_size=batch_size,
+                      model_context=lambda: nullcontext(policy))  # fmt: skip
+    params = SamplingParams(temperature, 1.0, max_new_tokens)
+    trajs = start_trajectories(env, tokenizer, examples)
+    while live := [i for i, t in enumerate(trajs) if t.state is not None and not t.state.done]:
+        groups = expand([trajs[i] for i in live], n, env, gen, tokenizer, params, max_total_tokens)
+        flat = [(g, c) for g, group in enumerate(groups) for c in group]
+        states = [[i for s in c.segments[: c.steps[-1].segment] for i in s.token_ids] for _, c in flat]
+        actions = [c.segments[c.steps[-1].segment].token_ids for _, c in flat]
+        scores = scorer.score(states, actions)
+        best: dict[int, tuple[float, Any]] = {}
+        for (g, c), s in zip(flat, scores):
+            if g not in best or s > best[g][0]:
+                best[g] = (s, c)
+        for g, i in enumerate(live):
+            if g in best:
+                trajs[i] = best[g][1]
+            else:  # no room left to generate
+                trajs[i].state.done = True  # type: ignore[union-attr]
+    return [t.state for t in trajs]  # type: ignore[misc]

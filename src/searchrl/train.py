@@ -2,6 +2,9 @@
 
 model (local build or model.path) --warm_start SFT on teacher trajectories--> <out>/sft/final
     --algorithm--> <out>/final --eval on eval.split--> results.md, learning_curve.png
+
+SFT, DPO and the PRM read collected process data (``process_data.out``) when it is set; a PRM is
+evaluated as best-of-N guidance of the policy it started from.
 """
 
 from __future__ import annotations
@@ -66,6 +69,22 @@ def evaluate_final(rt: Runtime, model_dir: Path, name: str) -> dict[str, Any]:
     return m
 
 
+def evaluate_best_of_n(rt: Runtime, policy_dir: Path, prm_dir: Path, n: int) -> dict[str, Any]:
+    """The policy guided by the PRM (RAG-Gym Algorithm 1) on the evaluation split."""
+    from searchrl.eval import episode_metrics, run_best_of_n, write_results
+    from searchrl.models.load import load_model_and_tokenizer
+    from searchrl.rewards.prm import PRMScorer
+
+    e = rt.exp
+    policy, tok = load_model_and_tokenizer(policy_dir)
+    states = run_best_of_n(policy.eval(), tok, PRMScorer(prm_dir), rt.env(), rt.examples(e.eval.split)[: e.eval.limit],
+                           n, e.eval.best_of_temperature, e.rollout.max_new_tokens, e.rollout.max_total_tokens,
+                           e.rollout.batch_size)  # fmt: skip
+    m = episode_metrics(states)
+    write_results(e.out / "eval", f"prm-best-of-{n}-{e.eval.split}", m)
+    return m
+
+
 def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, trainer_cfg: Any, out: Path,
               records: list[dict[str, Any]] | None, resume: bool) -> Path:  # fmt: skip
     from searchrl.engine.trainer import Trainer
@@ -89,11 +108,22 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
             "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
         )
     algo = exp.algorithm.name
+    from searchrl.algorithms import ALGORITHMS
+
+    data_kind = getattr(ALGORITHMS.get(algo), "data", None)
     rt = Runtime(exp)
     out = exp.out
     ws = exp.warm_start
     passes = ws.teacher_passes if ws else 1
-    needs_records = algo == "sft" or (ws is not None and ws.checkpoint is None)
+    # the main algorithm's offline data: collected process data (RAG-Gym), else the teacher for SFT
+    process = exp.process_data.out if data_kind else None
+    if data_kind == "pairs" and process is None:
+        raise ConfigError(f"algorithm '{algo}' trains on step-level preference pairs: set process_data.out to data "
+                          "from `searchrl collect-process-data`", key="process_data.out")  # fmt: skip
+    teacher_main = data_kind == "trajectories" and process is None
+    # the teacher warm start precedes every algorithm but teacher SFT itself
+    warm = ws is not None and not teacher_main
+    needs_records = teacher_main or (warm and ws is not None and ws.checkpoint is None)
     records = None
     if state.is_main_process:  # build the world, the local model and the teacher data once
         save_resolved(exp, out)
@@ -103,23 +133,30 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
     state.wait_for_everyone()
     if needs_records and records is None:  # the other processes read what the main one cached
         records = teacher_sft_records(rt, passes)
+    main_records = records if teacher_main else None
+    if process is not None:
+        from searchrl.process_data import load_pairs, load_sft
+
+        main_records = load_pairs(process) if data_kind == "pairs" else load_sft(process)
     base = local_model_dir(rt)
     stages: dict[str, Path] = {"untrained": base}
-    if algo == "sft":
-        stages["sft"] = run_stage(rt, "sft", exp.algorithm.args, base, exp.trainer, out, records, resume)
-    else:
-        start = base
-        if ws is not None:
-            if ws.checkpoint is not None:
-                start = Path(ws.checkpoint)
-            else:
-                start = run_stage(rt, "sft", ws.args, base, ws.trainer, out / "sft", records, resume)
-            stages["sft"] = start
-        stages[algo] = run_stage(rt, algo, exp.algorithm.args, start, exp.trainer, out, None, resume)
+    start = base
+    if warm and ws is not None:
+        if ws.checkpoint is not None:
+            start = Path(ws.checkpoint)
+        else:
+            start = run_stage(rt, "sft", ws.args, base, ws.trainer, out / "sft", records, resume)
+        stages["sft"] = start
+    final = run_stage(rt, algo, exp.algorithm.args, start, exp.trainer, out, main_records, resume)
+    if algo != "prm":  # a PRM is not a policy: it is evaluated guiding the start policy below
+        stages[algo if algo not in stages else f"{algo} (process data)"] = final
     results: dict[str, Any] = {}
     if state.is_main_process:
         for name, path in stages.items():
             results[name] = evaluate_final(rt, path, f"{name}-{exp.eval.split}")
+        if algo == "prm":
+            for n in exp.eval.best_of:
+                results[f"prm best-of-{n}"] = evaluate_best_of_n(rt, start, final, n)
         from searchrl.eval import markdown_table
 
         table = markdown_table({f"{n} ({exp.eval.split})": m for n, m in results.items()})

@@ -85,7 +85,7 @@ class RolloutBatch:
     group_ids: torch.Tensor  # (B,) long
     extras: dict[str, torch.Tensor] = field(
         default_factory=dict
-    )  # (B, T) algorithm tensors: old_logp, advantages…
+    )  # (B, T) algorithm tensors (old_logp, advantages…), or (B,) per-sequence ones
 
     TOKEN_FIELDS = ("input_ids", "attention_mask", "loss_mask", "obs_mask", "step_ids", "sampled_logprobs")
 
@@ -103,7 +103,9 @@ class RolloutBatch:
         fields = {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
         for k in self.TOKEN_FIELDS:
             fields[k] = fields[k][:, :width]
-        return RolloutBatch(**fields, extras={k: v[:, :width] for k, v in self.extras.items()})
+        return RolloutBatch(
+            **fields, extras={k: v[:, :width] if v.dim() == 2 else v for k, v in self.extras.items()}
+        )
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         fields = {k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}

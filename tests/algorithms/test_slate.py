@@ -15,8 +15,9 @@ from searchrl.functional import token_logprobs, token_weights
 from searchrl.masking import build_batch
 from searchrl.models import load_model_and_tokenizer
 from searchrl.rewards.judges import JudgeScores
-from searchrl.rollout.generator import Generation, SamplingParams
+from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import encode
+from tests.helpers import ScriptedCandidates
 
 
 @settings(max_examples=100, deadline=None)
@@ -55,25 +56,6 @@ def test_early_termination_bonus():
     assert step_reward(JudgeScores(think=0.0, answer=-1.0), "invalid", 1, B, lam) == -1.0
 
 
-class ByRow:
-    """Generation j of call c is texts[c][j % len(texts[c])]: scripted candidates per step."""
-
-    def __init__(self, tok, texts):
-        self.tok, self.texts, self.calls = tok, texts, 0
-
-    def release(self, cache_keys=None):
-        pass
-
-    def generate(self, prompts, params, cache_keys=None):
-        row = self.texts[min(self.calls, len(self.texts) - 1)]
-        self.calls += 1
-        out = []
-        for j, _ in enumerate(prompts):
-            ids = encode(self.tok, row[j % len(row)])
-            out.append(Generation(ids, [-0.5] * len(ids), "stop"))
-        return out
-
-
 @pytest.fixture
 def toy(tiny_model_dir, world_bm25, small_world):
     _, tok = load_model_and_tokenizer(tiny_model_dir)
@@ -91,7 +73,7 @@ def test_two_step_episode_by_hand(toy):
     bad = "<think> hmm </think>\n<search> zzz qqq </search>"
     right = f"<think> it is {hop.answer} </think>\n<answer> {ex.answers[0]} </answer>"
     wrong = "<think> hmm </think>\n<answer> nobody </answer>"
-    gen = ByRow(tok, [[good, bad], [right, wrong]])
+    gen = ScriptedCandidates(tok, [[good, bad], [right, wrong]])
     ctx = Context(env=env, generator=gen, tokenizer=tok, rewards=None, sampling=SamplingParams(), group_size=1,
                   max_total_tokens=400, train_examples=[ex])  # fmt: skip
     algo = SLATE(SLATEConfig(k=2, selection="best", bonus=0.1), ctx)
@@ -123,7 +105,9 @@ def test_two_step_episode_by_hand(toy):
 def test_gradients_come_only_from_candidate_tokens(toy, tiny_model_dir):
     tok, env, ex, hop = toy
     model, _ = load_model_and_tokenizer(tiny_model_dir)
-    gen = ByRow(tok, [[f"<think> a </think>\n<search> {hop.keys[0]} </search>"], ["<answer> x </answer>"]])
+    gen = ScriptedCandidates(
+        tok, [[f"<think> a </think>\n<search> {hop.keys[0]} </search>"], ["<answer> x </answer>"]]
+    )
     ctx = Context(env=env, generator=gen, tokenizer=tok, rewards=None, sampling=SamplingParams(), group_size=1,
                   max_total_tokens=400, train_examples=[ex])  # fmt: skip
     algo = SLATE(SLATEConfig(k=2, kl_coef=0.0), ctx)

@@ -38,6 +38,8 @@ class Algorithm(ABC):
     needs_old_logprobs: ClassVar[bool] = True
     value_head: ClassVar[bool] = False  # actor-critic: the policy carries a value head (`PolicyWithValue`)
     needs_process_reward: ClassVar[bool] = False  # the experiment must configure a per-step reward
+    pairwise: ClassVar[bool] = False  # rows come in (chosen, rejected) pairs that share a micro-batch
+    data: ClassVar[str | None] = None  # offline data: "trajectories" (SFT records) or "pairs" (process data)
 
     def __init__(self, config: Any, ctx: Context) -> None:
         self.cfg, self.ctx = config, ctx
@@ -109,3 +111,10 @@ class Algorithm(ABC):
              values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
         """Unreduced per-token loss (B, T) and per-token metrics for a micro-batch; ``values`` (B, T) from
         the value head when the algorithm has one."""
+
+
+def head_param_groups(model: torch.nn.Module, lr: float, head_lr: float) -> list[dict[str, Any]]:
+    """Two optimizer groups: the value / scoring head at ``head_lr``, everything else trainable at ``lr``."""
+    head = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("value_head.")]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
+    return [{"params": rest, "lr": lr}, {"params": head, "lr": head_lr}]

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 
 from searchrl.algorithms.advantages import gae, token_rewards
-from searchrl.algorithms.base import Algorithm
+from searchrl.algorithms.base import Algorithm, head_param_groups
 from searchrl.algorithms.losses import clipped_policy_loss
 from searchrl.functional import kl_penalty, masked_mean
 from searchrl.types import RolloutBatch
@@ -76,10 +76,7 @@ class PPO(Algorithm):
 
     @classmethod
     def param_groups(cls, config: Any, model: torch.nn.Module, lr: float) -> list[dict[str, Any]]:
-        head = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("value_head.")]
-        rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
-        critic_lr = config.critic_lr if config.critic_lr is not None else 10 * lr
-        return [{"params": rest, "lr": lr}, {"params": head, "lr": critic_lr}]
+        return head_param_groups(model, lr, config.critic_lr if config.critic_lr is not None else 10 * lr)
 
     @property
     def kl_coef(self) -> float:

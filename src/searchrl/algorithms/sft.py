@@ -50,6 +50,7 @@ class SFT(Algorithm):
     Config = SFTConfig
     online = False
     needs_old_logprobs = False
+    data = "trajectories"
 
     def __init__(self, config: SFTConfig, ctx: Any) -> None:
         super().__init__(config, ctx)

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from searchrl.algorithms.grpo import GRPO, GRPOConfig
 from searchrl.envs.search import EnvState
 from searchrl.rewards.judges import JUDGES, JudgeItem, JudgeScores
-from searchrl.rollout.loop import RolloutStats, branch, run, start_trajectories
+from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
 from searchrl.types import Segment, Step, Trajectory
 
 
@@ -104,20 +104,8 @@ class SLATE(GRPO):
             live = [q for q, p in enumerate(prefixes) if p.state is not None and not p.state.done]
             if not live:
                 break
-            kids = branch([prefixes[q] for q in live], cfg.k)
-            run(
-                kids,
-                c.env,
-                c.generator,
-                c.tokenizer,
-                c.sampling,
-                c.max_total_tokens,
-                max_steps=1,
-                stats=stats,
-            )
-            # candidates that generated nothing (the length budget was reached) end their prefix
-            groups = [[kid for kid in kids[g * cfg.k : (g + 1) * cfg.k] if len(kid.steps) > len(prefixes[q].steps)]
-                      for g, q in enumerate(live)]  # fmt: skip
+            groups = expand([prefixes[q] for q in live], cfg.k, c.env, c.generator, c.tokenizer, c.sampling,
+                            c.max_total_tokens, stats)  # fmt: skip
             items = [JudgeItem(_state(prefixes[q]), _state(kid).actions[-1], kid.steps[-1].info,
                                tuple(_state(kid).retrieved[-1]))
                      for q, group in zip(live, groups) for kid in group]  # fmt: skip

@@ -81,6 +81,10 @@ class Trainer:
         seqs = per_proc * self.group
         mini = _divide(seqs, cfg.mini_batches, "sequences per process", "trainer.mini_batches")
         self.micro = min(cfg.micro_batch_size, mini)
+        self.pairwise = bool(algo_cls.pairwise)
+        if self.pairwise and (self.micro % 2 or mini % 2):
+            raise ConfigError(f"{algorithm} trains on (chosen, rejected) pairs: the micro-batch size ({self.micro}) "
+                              "and sequences per mini-batch must be even", key="trainer.micro_batch_size")  # fmt: skip
         accum = _divide(mini, self.micro, "sequences per mini-batch", "trainer.micro_batch_size")
         self.engine = eng = Engine(grad_accum=accum, micro_batch_size=self.micro, max_grad_norm=cfg.max_grad_norm,
                                    mixed_precision=cfg.mixed_precision, seed=seed)  # fmt: skip
@@ -166,6 +170,14 @@ class Trainer:
                 vals[idx, :width] = v
         return out * batch.loss_mask, None if vals is None else vals * batch.loss_mask
 
+    def _length_order(self, batch: RolloutBatch) -> list[int]:
+        """Rows by length (less padding per micro-batch); pairs stay adjacent, by their longer row."""
+        lengths = batch.attention_mask.sum(-1)
+        if not self.pairwise:
+            return lengths.argsort(stable=True).tolist()
+        pair_len = torch.maximum(lengths[0::2], lengths[1::2])
+        return [r for p in pair_len.argsort(stable=True).tolist() for r in (2 * p, 2 * p + 1)]
+
     def _update(self, batch: RolloutBatch, sums: dict[str, float]) -> None:
         """One optimizer update over ``batch`` (this process's mini-batch), globally normalised."""
         eng, algo = self.engine, self.algo
@@ -175,7 +187,7 @@ class Trainer:
         self.policy.train()
         # micro-batches of similar lengths waste less compute on padding; the global normalisation makes
         # the loss independent of how sequences are grouped
-        batch = batch.select(batch.attention_mask.sum(-1).argsort(stable=True).tolist())
+        batch = batch.select(self._length_order(batch))
         for i in range(0, len(batch), self.micro):
             mb = batch.select(slice(i, i + self.micro))
             mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
@@ -193,7 +205,8 @@ class Trainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad()
-            mean_w = mb.loss_mask / max(g_tokens, 1.0)  # metrics: global token means
+            # metrics: global token means; pair metrics (one value per row) are means over the pairs
+            mean_w = w if self.pairwise else mb.loss_mask / max(g_tokens, 1.0)
             sums["train/loss"] += float(loss.detach()) / (self.cfg.epochs * self.cfg.mini_batches)
             for k, v in metrics.items():
                 sums[f"train/{k}"] += float((v.detach() * mean_w).sum()) / (
@@ -224,6 +237,9 @@ class Trainer:
         gen = torch.Generator().manual_seed(self.seed * 7919 + step)
         for _ in range(cfg.epochs):
             order = torch.randperm(n, generator=gen) if cfg.mini_batches > 1 else torch.arange(n)
+            if self.pairwise and cfg.mini_batches > 1:  # shuffle pairs, not rows
+                pairs = torch.randperm(n // 2, generator=gen)
+                order = torch.stack([2 * pairs, 2 * pairs + 1], 1).flatten()
             for chunk in order.chunk(cfg.mini_batches):
                 self._update(batch.select(chunk.tolist()), sums)
         # every process logs the same numbers: local sums are reduced here

@@ -31,6 +31,8 @@ from searchrl.registry import Registry
 
 JUDGES: Registry[Callable[..., Any]] = Registry("judge")
 JUDGES.add_lazy("llm", "searchrl.rewards.llm_judge:LLMJudge")
+# Annotators rank the candidate actions of one state (RAG-Gym process-data collection): higher is better.
+ANNOTATORS: Registry[Callable[..., Any]] = Registry("annotator")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,27 @@ def _mentions(text: str, name: str | None) -> bool:
     return bool(n) and f" {n} " in f" {normalize_answer(text)} "
 
 
+def seen_docs(state: EnvState) -> set[str]:
+    return {d.id for docs in state.retrieved for d in docs}
+
+
+def gold_docs(example: Any) -> set[str]:
+    return {h.gold_doc_id for h in example.hops if h.gold_doc_id} | set(example.gold_doc_ids)
+
+
+def next_hop(state: EnvState) -> int:
+    """The first hop not resolved in this episode: its gold document retrieved (or, without gold
+    documents, its answer read in an observation); ``len(hops)`` when all are."""
+    hops, seen = state.example.hops, seen_docs(state)
+    context = " ".join(state.observations)
+    n = 0
+    while n < len(hops) and (
+        (hops[n].gold_doc_id in seen) if hops[n].gold_doc_id else _mentions(context, hops[n].answer)
+    ):
+        n += 1
+    return n
+
+
 class RuleJudge:
     """The CPU judge described in the module docstring (uses ``example.hops``)."""
 
@@ -71,13 +94,8 @@ class RuleJudge:
     def score(self, it: JudgeItem) -> JudgeScores:
         ex = it.prefix.example
         hops = ex.hops
-        seen = {d.id for docs in it.prefix.retrieved for d in docs}
-        context = " ".join(it.prefix.observations)
-        nxt = 0  # the first hop not resolved in the prefix (its gold document seen, or its answer read)
-        while nxt < len(hops) and (
-            (hops[nxt].gold_doc_id in seen) if hops[nxt].gold_doc_id else _mentions(context, hops[nxt].answer)
-        ):
-            nxt += 1
+        seen = seen_docs(it.prefix)
+        nxt = next_hop(it.prefix)
         if nxt < len(hops):
             needed = [hops[nxt].gold_title or (hops[nxt - 1].answer if nxt > 0 else None)]
         else:  # every hop resolved: the reasoning should name the final answer
@@ -93,8 +111,7 @@ class RuleJudge:
         else:
             r_think = -1.0
         if it.info.kind == "search":
-            gold = {h.gold_doc_id for h in hops if h.gold_doc_id} | set(ex.gold_doc_ids)
-            got = {d.id for d in it.retrieved} & gold
+            got = {d.id for d in it.retrieved} & gold_docs(ex)
             r_query = -1.0 if not it.info.valid or not got else (1.0 if got - seen else 0.0)
             return JudgeScores(r_think, query=r_query)
         if it.info.kind == "answer" and it.info.valid and it.info.answer is not None:
@@ -107,3 +124,50 @@ class RuleJudge:
 
 
 JUDGES.add("rule", RuleJudge)
+
+
+class RuleAnnotator:
+    """RAG-Gym's criteria (§2.2.1) from the decomposition, as a rank score per candidate:
+
+    - answer: 2 if exact, 0 if partial (F1 > 0), −2 if wrong;
+    - search, sufficiency first: −1 when every hop is already resolved (answering is preferred);
+      utility: 1 when it retrieves a gold document not seen before; redundancy: −2 when every document
+      it retrieves was seen before; otherwise −1 (nothing useful);
+    - a malformed action: −3.
+    """
+
+    def __call__(self, items: Sequence[JudgeItem]) -> list[float]:
+        return [self.rank(it) for it in items]
+
+    def rank(self, it: JudgeItem) -> float:
+        ex, info = it.prefix.example, it.info
+        if not info.valid:
+            return -3.0
+        if info.kind == "answer" and info.answer is not None:
+            return (
+                2.0
+                if exact_match(info.answer, ex.answers)
+                else (0.0 if f1_score(info.answer, ex.answers) > 0 else -2.0)
+            )
+        if info.kind != "search":
+            return -3.0
+        if ex.hops and next_hop(it.prefix) >= len(ex.hops):
+            return -1.0
+        seen, got = seen_docs(it.prefix), {d.id for d in it.retrieved}
+        if (got & gold_docs(ex)) - seen:
+            return 1.0
+        return -2.0 if got and got <= seen else -1.0
+
+
+class JudgeAnnotator:
+    """Ranks by a judge's total score (e.g. the LLM judge: reasoning + query or answer)."""
+
+    def __init__(self, judge: str = "llm", **judge_args: Any) -> None:
+        self.judge = JUDGES.get(judge)(**judge_args)
+
+    def __call__(self, items: Sequence[JudgeItem]) -> list[float]:
+        return [s.think + s.query + s.answer for s in self.judge(items)]
+
+
+ANNOTATORS.add("rule", RuleAnnotator)
+ANNOTATORS.add("judge", JudgeAnnotator)

@@ -56,6 +56,7 @@ REWARDS.add_lazy("f1", "searchrl.rewards.outcome:f1_reward", kind="outcome")
 REWARDS.add_lazy("research", "searchrl.rewards.research:research_reward", kind="outcome")
 REWARDS.add_lazy("search_r1_format", "searchrl.rewards.outcome:search_r1_format_reward", kind="outcome")
 REWARDS.add_lazy("stepsearch", "searchrl.rewards.stepsearch:stepsearch_reward", kind="process")
+REWARDS.add_lazy("prm", "searchrl.rewards.prm:prm_reward", kind="process")
 
 # What a reward may ask for by name besides its args: the example's fields, and shared resources.
 PROVIDED = ("answers", "hops", "metadata", "example", "docs")

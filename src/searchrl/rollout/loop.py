@@ -158,3 +158,23 @@ def rollout(
     trajs = start_trajectories(env, tokenizer, examples, group_size)
     stats = run(trajs, env, generator, tokenizer, params, max_total_tokens)
     return trajs, stats
+
+
+def expand(
+    prefixes: Sequence[Trajectory],
+    k: int,
+    env: SearchEnv,
+    generator: Generator,
+    tokenizer: Any,
+    params: SamplingParams,
+    max_total_tokens: int = 2048,
+    stats: RolloutStats | None = None,
+) -> list[list[Trajectory]]:
+    """``k`` candidate next steps from each live prefix (`branch` + one step of `run`), run through the
+    environment. Group g holds prefix g's candidates that generated an action; it is empty when the
+    prefix had no room left (length budget)."""
+    kids = branch(prefixes, k)
+    run(kids, env, generator, tokenizer, params, max_total_tokens, max_steps=1, stats=stats)
+    return [
+        [c for c in kids[g * k : (g + 1) * k] if len(c.steps) > len(p.steps)] for g, p in enumerate(prefixes)
+    ]

@@ -1,0 +1,55 @@
+"""DPO on step-level preference pairs, as RAG-Gym trains its agents (§2.2.2, eq. 6; Rafailov et al.):
+
+    L = −log σ( β [ (log π(a⁺|s) − log π_ref(a⁺|s)) − (log π(a⁻|s) − log π_ref(a⁻|s)) ] )
+
+with log π(a|s) summed over the action's tokens only (the state is context). The reference is the
+policy with its adapter disabled under LoRA, a frozen copy otherwise; its log-probabilities are computed
+once per step, before the update. Data: ``process_data.out`` (`searchrl collect-process-data`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
+from searchrl.types import RolloutBatch
+
+
+@dataclass(frozen=True)
+class DPOConfig:
+    beta: float = 0.1
+    label_smoothing: float = 0.0  # conservative DPO (0: the plain sigmoid loss)
+    loss_agg: Literal["seq-mean-token-sum"] = "seq-mean-token-sum"  # the pair loss is placed per row
+
+
+def dpo_loss(pol_c: torch.Tensor, pol_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, beta: float,
+             label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Per-pair sigmoid DPO loss and the margin β·Δ, from sequence log-probabilities."""
+    logits = (pol_c - ref_c) - (pol_r - ref_r)
+    loss = (
+        -F.logsigmoid(beta * logits) * (1 - label_smoothing) - F.logsigmoid(-beta * logits) * label_smoothing
+    )
+    return loss, beta * logits
+
+
+class DPO(PairwiseAlgorithm):
+    Config = DPOConfig
+
+    @property
+    def kl_coef(self) -> float:  # β: the trainer builds the reference model when this is positive
+        return float(self.cfg.beta)
+
+    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
+             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        c, r = pair_split(mb)
+        seq = (logp * mb.loss_mask).sum(-1)
+        ref = (mb.extras["ref_logp"] * mb.loss_mask).sum(-1)
+        loss, margin = dpo_loss(seq[c], seq[r], ref[c], ref[r], self.cfg.beta, self.cfg.label_smoothing)
+        placed = place_pair_loss(loss, c, r, mb.loss_mask)
+        metrics = {"dpo_margin": place_pair_loss(margin.detach(), c, r, mb.loss_mask),
+                   "dpo_accuracy": place_pair_loss((margin > 0).float(), c, r, mb.loss_mask)}  # fmt: skip
+        return placed, metrics

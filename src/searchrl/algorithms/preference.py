@@ -1,0 +1,86 @@
+"""Step-level preference pairs (RAG-Gym §2.2): data and the placement of a pairwise loss.
+
+A pair record (`process_data.step_pairs`) holds a state as text pieces and two candidate actions. Each
+becomes two training rows — state as context, then the action, which alone carries loss — that sit next
+to each other in every micro-batch (the trainer keeps pairs together for ``pairwise`` algorithms).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from searchrl.algorithms.base import Algorithm
+from searchrl.algorithms.sft import record_to_trajectory
+from searchrl.rollout.loop import encode
+from searchrl.types import RolloutBatch, Segment, Step, Trajectory
+
+
+def action_row(rec: dict[str, Any], action: str, tokenizer: Any, chosen: bool, pair: int) -> Trajectory:
+    """The state (prompt, earlier actions and observations: context, no loss) then ``action``."""
+    state = record_to_trajectory({"prompt": rec["prompt"], "actions": rec["actions"],
+                                  "observations": rec["observations"]}, tokenizer)  # fmt: skip
+    prefix = [i for s in state.segments for i in s.token_ids]
+    ids = encode(tokenizer, action)
+    t = Trajectory(example=None, segments=[Segment("prompt", prefix), Segment("action", ids)], group_id=pair)  # type: ignore[arg-type]
+    t.steps = [Step(segment=1, last_token=len(prefix) + len(ids) - 1, info=None)]  # type: ignore[arg-type]
+    t.reward = 1.0 if chosen else 0.0  # the batch's reward marks the chosen row of each pair
+    return t
+
+
+def pair_rows(records: list[dict[str, Any]], indices: list[int], tokenizer: Any) -> list[Trajectory]:
+    """Chosen then rejected row of each pair, consecutive, sharing the pair's index as group id."""
+    out = []
+    for i in indices:
+        out += [action_row(records[i], records[i]["chosen"], tokenizer, True, i),
+                action_row(records[i], records[i]["rejected"], tokenizer, False, i)]  # fmt: skip
+    return out
+
+
+def pair_split(mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indices (chosen, rejected) of the micro-batch's pairs, matched by group id (reward 1: chosen)."""
+    chosen = mb.rewards > 0.5
+    c_idx, r_idx = chosen.nonzero().squeeze(-1), (~chosen).nonzero().squeeze(-1)
+    c_idx = c_idx[mb.group_ids[c_idx].argsort()]
+    r_idx = r_idx[mb.group_ids[r_idx].argsort()]
+    if len(c_idx) != len(r_idx) or not torch.equal(mb.group_ids[c_idx], mb.group_ids[r_idx]):
+        raise RuntimeError("a micro-batch holds an incomplete preference pair")
+    return c_idx, r_idx
+
+
+def place_pair_loss(pair_loss: torch.Tensor, c_idx: torch.Tensor, r_idx: torch.Tensor, mask: torch.Tensor
+                    ) -> torch.Tensor:  # fmt: skip
+    """(B, T) per-token loss with each pair's loss at the last action token of both its rows; aggregated
+    with ``seq-mean-token-sum`` this is the mean pair loss over the global batch."""
+    out = torch.zeros(mask.shape, dtype=pair_loss.dtype, device=mask.device)
+    pos = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask.bool(), pos, -1).max(-1).values
+    rows = torch.cat([c_idx, r_idx])
+    return out.index_put((rows, last[rows]), torch.cat([pair_loss, pair_loss]))
+
+
+class PairwiseAlgorithm(Algorithm):
+    """Offline training on pair records (``ctx.records``): two rows per pair, kept in one micro-batch."""
+
+    online = False
+    needs_old_logprobs = False
+    pairwise = True
+    data = "pairs"
+
+    def __init__(self, config: Any, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        self.records: list[dict[str, Any]] = list(ctx.records or [])
+        if not self.records:
+            raise ValueError(f"{type(self).__name__} needs preference pairs: set process_data.out to data from "
+                             "`searchrl collect-process-data`")  # fmt: skip
+
+    def num_items(self) -> int:
+        return len(self.records)
+
+    @classmethod
+    def samples_per_item(cls, config: Any, exp: Any) -> int:
+        return 2
+
+    def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
+        return pair_rows(self.records, indices, self.ctx.tokenizer), {}

@@ -1,0 +1,159 @@
+"""RAG-Gym process-data collection (§2.2.1): `searchrl collect-process-data EXP.yaml --model DIR`.
+
+For each question the current policy is rolled out; at every step N candidate actions are sampled from
+the same state and run through the environment, an annotator ranks them (`rewards.judges.ANNOTATORS`:
+``rule`` from the decomposition with RAG-Gym's sufficiency / utility / redundancy criteria, or ``judge``
+with an LLM judge), the best one is executed and the episode continues. Only episodes whose final answer
+is correct are kept. From each of their steps, every candidate scoring at least ``chosen_min`` is paired
+with every candidate scoring at most ``rejected_max``.
+
+Written to ``process_data.out`` (a `datasets` dataset on disk each):
+
+- ``pairs/``: one row per (state, chosen, rejected) step pair — the state as text pieces (``prompt``,
+  earlier ``actions`` and ``observations``), ``chosen``/``rejected`` action texts and their scores;
+- ``sft/``: the kept episodes as SFT records (prompt, actions, observations), the chosen actions;
+- ``README.md``: a card saying how the data was made, with counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchrl.answers import exact_match
+from searchrl.envs.synthetic.teacher import trajectory_record
+from searchrl.rewards.judges import ANNOTATORS, JudgeItem
+from searchrl.rollout.generator import SamplingParams
+from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
+from searchrl.types import Trajectory
+
+
+def step_pairs(state: Any, candidates: list[tuple[str, float]], chosen_min: float, rejected_max: float
+               ) -> list[dict[str, Any]]:  # fmt: skip
+    """Every (chosen, rejected) pair of one step's ranked candidates, with the state as text pieces."""
+    good = [(a, s) for a, s in candidates if s >= chosen_min]
+    bad = [(a, s) for a, s in candidates if s <= rejected_max]
+    return [{"id": state.example.id, "question": state.example.question, "prompt": state.prompt,
+             "actions": list(state.actions), "observations": list(state.observations), "step": len(state.actions),
+             "chosen": a, "rejected": b, "chosen_score": sa, "rejected_score": sb}
+            for a, sa in good for b, sb in bad]  # fmt: skip
+
+
+def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progress: bool = True
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+    """(pairs, sft records, summary) for ``process_data.split`` of the experiment ``rt.exp``."""
+    from tqdm.auto import tqdm
+
+    exp, cfg = rt.exp, rt.exp.process_data
+    env = rt.env()
+    annotate = ANNOTATORS.get(cfg.annotator)(**cfg.annotator_args)
+    params = SamplingParams(cfg.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens)
+    examples = rt.examples(cfg.split)[: cfg.limit]
+    pairs: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    stats = RolloutStats()
+    kept = steps = 0
+    bar = tqdm(total=len(examples), desc="collect", disable=not progress)
+    for i in range(0, len(examples), batch):
+        chunk = examples[i : i + batch]
+        prefixes = start_trajectories(env, tokenizer, chunk)
+        ranked: list[list[tuple[Any, list[tuple[str, float]]]]] = [[] for _ in chunk]
+        while live := [q for q, p in enumerate(prefixes) if p.state is not None and not p.state.done]:
+            groups = expand([prefixes[q] for q in live], cfg.n, env, generator, tokenizer, params,
+                            exp.rollout.max_total_tokens, stats)  # fmt: skip
+            items = [JudgeItem(_st(prefixes[q]), _st(c).actions[-1], c.steps[-1].info, tuple(_st(c).retrieved[-1]))
+                     for q, g in zip(live, groups) for c in g]  # fmt: skip
+            scores = iter(annotate(items))
+            for q, group in zip(live, groups):
+                if not group:
+                    _st(prefixes[q]).done = True
+                    continue
+                s = [float(next(scores)) for _ in group]
+                ranked[q].append((_st(prefixes[q]), [(_st(c).actions[-1], x) for c, x in zip(group, s)]))
+                prefixes[q] = group[max(range(len(group)), key=lambda j: s[j])]  # execute the best action
+                steps += 1
+        for q, p in enumerate(prefixes):
+            if p.answer is not None and exact_match(p.answer, p.example.answers):  # keep correct episodes
+                kept += 1
+                records.append(trajectory_record(_st(p)))
+                for state, cands in ranked[q]:
+                    pairs += step_pairs(state, cands, cfg.chosen_min, cfg.rejected_max)
+        bar.update(len(chunk))
+    bar.close()
+    summary = {"questions": len(examples), "kept_episodes": kept, "steps": steps, "pairs": len(pairs),
+               "candidates_per_step": cfg.n, **stats.metrics()}  # fmt: skip
+    return pairs, records, summary
+
+
+def _st(t: Trajectory) -> Any:
+    if t.state is None:
+        raise ValueError(f"trajectory of {t.example.id} has no environment episode")
+    return t.state
+
+
+def save(out: Path, pairs: list[dict[str, Any]], records: list[dict[str, Any]], summary: dict[str, Any],
+         exp: Any, model: str) -> None:  # fmt: skip
+    from datasets import Dataset
+
+    out.mkdir(parents=True, exist_ok=True)
+    Dataset.from_list(pairs).save_to_disk(str(out / "pairs"))
+    Dataset.from_list(records).save_to_disk(str(out / "sft"))
+    cfg = exp.process_data
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "README.md").write_text(f"""# RAG-Gym process data: {exp.name}
+
+Collected {time.strftime("%Y-%m-%d %H:%M")} by `searchrl collect-process-data` (RAG-Gym §2.2.1).
+
+- policy: `{model}`, sampling temperature {cfg.temperature}, {cfg.n} candidate actions per step
+- questions: {summary["questions"]} from split `{cfg.split}` of `{exp.data.source}`
+- annotator: `{cfg.annotator}` {json.dumps(cfg.annotator_args) if cfg.annotator_args else ""}
+- at every step the best-ranked candidate was executed; only episodes with a correct final answer were
+  kept ({summary["kept_episodes"]} of {summary["questions"]})
+- pairs: every candidate scoring >= {cfg.chosen_min} (chosen) x every candidate scoring <= {cfg.rejected_max}
+  (rejected) of the same step: {summary["pairs"]} pairs over {summary["steps"]} annotated steps
+
+`pairs/`: id, question, prompt, actions, observations (the state), step, chosen, rejected, chosen_score,
+rejected_score. `sft/`: the kept episodes (prompt, actions, observations, answers, finish_reason).
+Load with `datasets.load_from_disk`.
+""")
+
+
+def load_pairs(path: str | Path) -> list[dict[str, Any]]:
+    return _load(Path(path) / "pairs")
+
+
+def load_sft(path: str | Path) -> list[dict[str, Any]]:
+    return _load(Path(path) / "sft")
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    from datasets import load_from_disk
+
+    from searchrl.errors import ConfigError
+
+    if not path.exists():
+        raise ConfigError("no process data there; collect it with `searchrl collect-process-data EXP.yaml --model DIR`",
+                          key="process_data.out", value=str(path.parent))  # fmt: skip
+    return [dict(r) for r in load_from_disk(str(path))]
+
+
+def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
+    from searchrl.models.load import load_model_and_tokenizer
+    from searchrl.rollout.hf import HFGenerator
+    from searchrl.runtime import Runtime
+
+    if exp.process_data.out is None:
+        from searchrl.errors import ConfigError
+
+        raise ConfigError("set where to write the data", key="process_data.out")
+    torch.manual_seed(exp.seed)
+    rt = Runtime(exp)
+    policy, tok = load_model_and_tokenizer(model)
+    gen = HFGenerator(policy.eval(), tok, rt.env().tags.stop_strings, batch_size=exp.rollout.batch_size)
+    pairs, records, summary = collect(rt, gen, tok, progress=progress)
+    save(Path(exp.process_data.out), pairs, records, summary, exp, model)
+    return summary
