@@ -19,6 +19,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ("em", "f1", "searches_per_question", "redundant_search_rate")
+TRAIN = ("rollout/tokens_generated", "time/step_s")  # summed over the run's steps
+
+
+def _questions_per_step(run: str) -> int:
+    import yaml
+
+    cfg = yaml.safe_load((Path("runs") / run / "config.yaml").read_text())
+    return int(cfg["trainer"]["batch_size"])
 
 
 def main() -> None:
@@ -26,7 +34,7 @@ def main() -> None:
     p.add_argument("--sft", required=True, help="the SFT model every algorithm starts from")
     p.add_argument("--algorithms", nargs="+", default=["grpo", "ppo", "steppo"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--name", default="algorithms")
+    p.add_argument("--name", default="algorithms", help="results file name; also tags the run directories")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
@@ -36,7 +44,8 @@ def main() -> None:
         config = REPO / "experiments" / "synthetic" / f"{algo}.yaml"
         results[algo] = {}
         for s in args.seeds:
-            name = f"algos-{algo}-seed{s}"
+            tag = "" if args.name == "algorithms" else f"-{args.name}"
+            name = f"algos{tag}-{algo}-seed{s}"
             res_file = Path("runs") / name / "results.json"
             if not res_file.exists():
                 cmd = [sys.executable, "-m", "searchrl", "train", str(config), f"name={name}", f"seed={s}",
@@ -46,15 +55,27 @@ def main() -> None:
             res = json.loads(res_file.read_text())
             stage = next(k for k in res if k not in ("untrained", "sft"))
             results[algo][s] = {m: res[stage][m] for m in METRICS}
+            rows = [
+                json.loads(line) for line in (Path("runs") / name / "metrics.jsonl").read_text().splitlines()
+            ]
+            for m in TRAIN:
+                results[algo][s][m] = sum(r.get(m, 0.0) for r in rows)
+            questions = len(rows) * _questions_per_step(
+                name
+            )  # every step draws batch_size training questions
+            results[algo][s]["generated_tokens_per_question"] = (
+                results[algo][s]["rollout/tokens_generated"] / questions
+            )
             sft = {m: res["sft"][m] for m in METRICS}
-    head = " | ".join(METRICS)
+    cols = (*METRICS, "generated_tokens_per_question", "time/step_s")
+    head = " | ".join(cols)
     print(f"\nFrom one SFT checkpoint ({args.sft}); mean ± std over seeds {args.seeds}\n")
-    print(f"| run | {head} |\n|---" + "|---" * len(METRICS) + "|")
-    print("| SFT start | " + " | ".join(f"{sft[m]:.3f}" for m in METRICS) + " |")
+    print(f"| run | {head} |\n|---" + "|---" * len(cols) + "|")
+    print("| SFT start | " + " | ".join(f"{sft[m]:.3f}" for m in METRICS) + " | | |")
     summary = {}
     for algo, per_seed in results.items():
         cells, summary[algo] = [], {}
-        for m in METRICS:
+        for m in cols:
             vals = [per_seed[s][m] for s in args.seeds]
             sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
             summary[algo][m] = {"mean": statistics.mean(vals), "std": sd, "per_seed": vals}
