@@ -128,6 +128,23 @@ def cmd_collect(args: argparse.Namespace) -> None:
     print(f"process data written to {exp.process_data.out}")
 
 
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from searchrl.sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.sweep, args.root)
+    status = run_sweep(sweep, args.jobs, args.launch_config, args.dry_run)
+    failed = [n for n, s in status.items() if s.get("status") == "failed"]
+    if failed:
+        raise SearchRLError(f"{len(failed)} run(s) failed: {', '.join(failed)} (logs in {sweep.dir})")
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from searchrl.report import report
+
+    page = report(args.dirs, args.out)
+    print(f"report: {page} (and report.md, PNGs beside it)")
+
+
 def cmd_teacher(args: argparse.Namespace) -> None:
     from searchrl.config import load_experiment
     from searchrl.data.example import write_jsonl
@@ -282,6 +299,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", required=True, help="the policy that proposes the candidate actions")
     _overrides(c)
     c.set_defaults(fn=cmd_collect)
+
+    w = sub.add_parser("sweep", help="run a grid of experiments (resumable; failures recorded, not fatal)")
+    w.add_argument("sweep")
+    w.add_argument("--jobs", type=int, default=1, help="runs at once on this machine")
+    w.add_argument("--dry-run", action="store_true", help="list the runs and their commands")
+    w.add_argument(
+        "--launch-config", default=None, help="start each run with accelerate launch --config_file"
+    )
+    w.add_argument("--root", default="runs/sweeps")
+    w.set_defaults(fn=cmd_sweep)
+
+    r = sub.add_parser("report", help="tables, plots and an HTML page from runs or sweeps")
+    r.add_argument("dirs", nargs="+")
+    r.add_argument("--out", default="report")
+    r.set_defaults(fn=cmd_report)
 
     t = sub.add_parser("teacher", help="write scripted-teacher trajectories for a split (SFT data)")
     t.add_argument("config")

@@ -1,0 +1,158 @@
+"""`searchrl report RUN_OR_SWEEP_DIR... --out DIR`: a table, plots and an offline HTML page.
+
+Runs are found under the given directories (any directory with ``metrics.jsonl``) and grouped into
+variants by name, with a trailing ``-seed<N>`` removed. The table gives mean ± std over seeds of the final
+evaluation (``results.json``: every stage but the untrained model) per variant; the plots give training curves against steps
+and against generated tokens, one line per variant (mean over seeds) with a min-max band.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+CURVES = {
+    "reward/mean": "reward",
+    "train/em": "train EM",
+    "rollout/response_tokens": "response length (generated tokens per episode)",
+    "rollout/searches_per_episode": "searches per episode",
+    "train/kl": "KL to the reference",
+    "train/entropy": "entropy",
+    "train/clip_frac": "clip fraction",
+}
+TABLE = ("em", "f1", "sub_em", "searches_per_question", "invalid_action_rate", "gold_doc_recall")
+
+
+def find_runs(paths: list[str | Path]) -> dict[str, Path]:
+    runs: dict[str, Path] = {}
+    for p in map(Path, paths):
+        for m in sorted(
+            [p / "metrics.jsonl"] if (p / "metrics.jsonl").exists() else p.rglob("metrics.jsonl")
+        ):
+            if m.parent.name == "sft" and (m.parent.parent / "metrics.jsonl").exists():
+                continue  # a warm-start stage inside a run
+            runs[m.parent.name] = m.parent
+    return runs
+
+
+def variant_of(run: str) -> str:
+    return re.sub(r"-seed\d+$", "", run)
+
+
+def load_rows(run: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    tokens = 0.0
+    for r in rows:
+        tokens += r.get("rollout/tokens_generated", 0.0)
+        r["generated_tokens"] = tokens
+        eps = r.get("train/sequences", 0.0)
+        if "rollout/tokens_generated" in r and eps:
+            r["rollout/response_tokens"] = r["rollout/tokens_generated"] / eps
+    return rows
+
+
+def final_evals(run: Path) -> dict[str, dict[str, Any]]:
+    """The run's evaluated stages (``results.json``) but the untrained model: {stage: metrics}."""
+    f = run / "results.json"
+    if not f.exists():
+        return {}
+    return {k: v for k, v in json.loads(f.read_text()).items() if k != "untrained"}
+
+
+def table(groups: dict[str, list[Path]]) -> str:
+    lines = [
+        "| variant | stage | seeds | " + " | ".join(TABLE) + " |",
+        "|---|---|---" + "|---" * len(TABLE) + "|",
+    ]
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for var, runs in groups.items():
+        for r in runs:
+            for stage, m in final_evals(r).items():
+                rows[(var, stage)].append(m)
+    for (var, stage), evals in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1] != "sft", kv[0][1])):
+        cells = []
+        for k in TABLE:
+            vals = [float(e[k]) for e in evals if isinstance(e.get(k), int | float)]
+            if not vals:
+                cells.append("–")
+                continue
+            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            cells.append(f"{statistics.mean(vals):.3f} ± {sd:.3f}")
+        lines.append(f"| {var} | {stage} | {len(evals)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(groups: dict[str, list[Path]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = {var: [load_rows(r) for r in runs] for var, runs in groups.items()}
+    files = []
+    for key, label in CURVES.items():
+        if not any(key in row for runs in data.values() for rows in runs for row in rows):
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+        for x_key, ax in zip(("step", "generated_tokens"), axes):
+            for var, runs in sorted(data.items()):
+                series = [[(r[x_key], r[key]) for r in rows if key in r] for rows in runs]
+                series = [s for s in series if s]
+                if not series:
+                    continue
+                n = min(len(s) for s in series)
+                xs = [statistics.mean(s[i][0] for s in series) for i in range(n)]
+                ys = [[s[i][1] for s in series] for i in range(n)]
+                line = ax.plot(xs, [statistics.mean(y) for y in ys], label=var)[0]
+                if len(series) > 1:
+                    ax.fill_between(
+                        xs, [min(y) for y in ys], [max(y) for y in ys], alpha=0.2, color=line.get_color()
+                    )
+            ax.set_xlabel("step" if x_key == "step" else "generated tokens")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"{label} (mean over seeds, band: min-max)")
+        fig.tight_layout()
+        f = out / f"{key.replace('/', '_')}.png"
+        fig.savefig(f, dpi=110)
+        plt.close(fig)
+        files.append(f)
+    return files
+
+
+def report(paths: list[str | Path], out: str | Path) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = find_runs(paths)
+    if not runs:
+        raise FileNotFoundError(
+            f"no runs (directories with metrics.jsonl) under {', '.join(map(str, paths))}"
+        )
+    groups: dict[str, list[Path]] = defaultdict(list)
+    for name, path in runs.items():
+        groups[variant_of(name)].append(path)
+    md = table(groups)
+    pngs = plot(groups, out)
+    (out / "report.md").write_text(md + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+    rows = "".join(
+        "<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{html.escape(c.strip())}</{'th' if i == 0 else 'td'}>"
+                         for i, c in enumerate(line.strip("|").split("|"))) + "</tr>\n"
+        for j, line in enumerate(md.splitlines()) if j != 1
+    )  # fmt: skip
+    imgs = "".join(f'<figure><img src="{p.name}" alt="{p.stem}"><figcaption>{html.escape(p.stem)}</figcaption></figure>\n'
+                   for p in pngs)  # fmt: skip
+    (
+        out / "index.html"
+    ).write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>searchrl report</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
+padding:4px 8px;text-align:right}}img{{max-width:100%}}figure{{margin:1em 0}}</style></head><body>
+<h1>searchrl report</h1><p>{len(runs)} runs in {len(groups)} variants: {html.escape(", ".join(sorted(groups)))}</p>
+<h2>Final evaluation (mean ± std over seeds)</h2><table>{rows}</table><h2>Training curves</h2>{imgs}</body></html>
+""")
+    return out / "index.html"

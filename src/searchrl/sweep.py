@@ -1,0 +1,170 @@
+"""`searchrl sweep SWEEP.yaml`: many training runs from one base experiment, resumable.
+
+A sweep file::
+
+    name: algorithms                      # runs go to runs/sweeps/<name>/<run>/
+    base: ../synthetic/grpo.yaml          # the experiment every variant starts from (relative to this file)
+    variants:                             # optional: named alternatives (a config file and/or overrides)
+      - {name: grpo}
+      - {name: ppo, config: ../synthetic/ppo.yaml}
+      - {name: ppo-lowkl, config: ../synthetic/ppo.yaml, overrides: [algorithm.kl_coef=0.0001]}
+    grid:                                 # optional: the cartesian product of these keys' values
+      seed: [0, 1, 2]
+    overrides: [warm_start.checkpoint=runs/quickstart/sft/final]   # applied to every run
+
+Run names are stable and readable: ``<variant>-<key><value>-…`` (``ppo-seed1``). A run whose
+``results.json`` exists is skipped, so a crashed sweep resumes where it stopped; a failing run is recorded
+in ``sweep.json`` (with its log) and the others go on. ``--jobs N`` runs N at once; ``--launch-config``
+starts every run through ``accelerate launch --config_file …`` (multi-GPU sweeps).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from searchrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    config: Path
+    overrides: tuple[str, ...]
+    out: Path
+
+    def command(self, launch_config: str | None = None) -> list[str]:
+        args = ["-m", "searchrl", "train", str(self.config), f"name={self.name}", f"output_dir={self.out}",
+                *self.overrides]  # fmt: skip
+        if launch_config:
+            accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+            return [accelerate, "launch", "--config_file", launch_config, *args]
+        return [sys.executable, *args]
+
+    @property
+    def done(self) -> bool:
+        return (self.out / "results.json").exists()
+
+
+@dataclass
+class Sweep:
+    name: str
+    runs: list[Run] = field(default_factory=list)
+    root: Path = Path("runs/sweeps")
+
+    @property
+    def dir(self) -> Path:
+        return self.root / self.name
+
+
+def _slug(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", str(value)).strip("-")
+
+
+def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("sweep file not found", file=str(path))
+    spec = yaml.safe_load(path.read_text()) or {}
+    allowed = {"name", "base", "variants", "grid", "overrides"}
+    for key in spec:
+        if key not in allowed:
+            raise ConfigError("unknown key", file=str(path), key=key, value=key, choices=sorted(allowed))
+    if "base" not in spec:
+        raise ConfigError("a sweep needs the experiment it starts from", file=str(path), key="base")
+    here = path.parent
+    base = Path(os.path.normpath(here / spec["base"]))
+    name = str(spec.get("name") or path.stem)
+    variants = spec.get("variants") or [{"name": ""}]
+    grid = spec.get("grid") or {}
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ConfigError(
+            "grid must map config keys to non-empty lists of values", file=str(path), key="grid"
+        )
+    common = tuple(str(o) for o in spec.get("overrides") or [])
+    sweep = Sweep(name, root=Path(root))
+    seen: set[str] = set()
+    for i, var in enumerate(variants):
+        if not isinstance(var, dict) or set(var) - {"name", "config", "overrides"}:
+            raise ConfigError("each variant is {name, config?, overrides?}", file=str(path), key=f"variants[{i}]",
+                              value=var)  # fmt: skip
+        config = Path(os.path.normpath(here / var["config"])) if var.get("config") else base
+        if not config.exists():
+            raise ConfigError(
+                "experiment file not found", file=str(path), key=f"variants[{i}].config", value=str(config)
+            )
+        for combo in itertools.product(*grid.values()) if grid else [()]:
+            parts = [_slug(var.get("name", ""))] + [
+                f"{_slug(k.split('.')[-1])}{_slug(v)}" for k, v in zip(grid, combo)
+            ]
+            run_name = "-".join(p for p in parts if p) or name
+            if run_name in seen:
+                raise ConfigError(f"two runs would be named '{run_name}': give the variants distinct names",
+                                  file=str(path), key="variants")  # fmt: skip
+            seen.add(run_name)
+            grid_over = tuple(
+                f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in zip(grid, combo)
+            )
+            sweep.runs.append(Run(run_name, config, (*common, *(str(o) for o in var.get("overrides") or []),
+                                                     *grid_over), sweep.dir / run_name))  # fmt: skip
+    return sweep
+
+
+def check(sweep: Sweep) -> None:
+    """Every run's experiment loads and validates before anything starts."""
+    from searchrl.config import check_arguments, load_experiment
+
+    for r in sweep.runs:
+        check_arguments(load_experiment(r.config, list(r.overrides)), f"{r.config} (run {r.name})")
+
+
+def run_sweep(
+    sweep: Sweep, jobs: int = 1, launch_config: str | None = None, dry_run: bool = False
+) -> dict[str, Any]:
+    """Run what is not finished; returns and writes the status of every run (``sweep.json``)."""
+    todo = [r for r in sweep.runs if not r.done]
+    if dry_run:
+        for r in sweep.runs:
+            print(f"{'done ' if r.done else 'todo '} {r.name}: {' '.join(r.command(launch_config))}")
+        return {}
+    check(sweep)
+    sweep.dir.mkdir(parents=True, exist_ok=True)
+    status_file = sweep.dir / "sweep.json"
+    status: dict[str, Any] = json.loads(status_file.read_text()) if status_file.exists() else {}
+    for r in sweep.runs:
+        if r.done:
+            status[r.name] = {**status.get(r.name, {}), "status": "done"}
+
+    def one(r: Run) -> tuple[str, dict[str, Any]]:
+        r.out.mkdir(parents=True, exist_ok=True)
+        log = r.out / "sweep.log"
+        t = time.perf_counter()
+        with log.open("w") as fh:
+            rc = subprocess.run(r.command(launch_config), stdout=fh, stderr=subprocess.STDOUT).returncode
+        ok = rc == 0 and r.done
+        print(f"{'finished' if ok else 'FAILED  '} {r.name} ({time.perf_counter() - t:.0f} s){'' if ok else f', see {log}'}",
+              flush=True)  # fmt: skip
+        return r.name, {"status": "done" if ok else "failed", "returncode": rc, "log": str(log),
+                        "seconds": time.perf_counter() - t}  # fmt: skip
+
+    print(
+        f"sweep {sweep.name}: {len(sweep.runs)} runs, {len(sweep.runs) - len(todo)} already done, {len(todo)} to run"
+    )
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for name, st in pool.map(one, todo):
+            status[name] = st
+            status_file.write_text(json.dumps(status, indent=1))
+    status_file.write_text(json.dumps(status, indent=1))
+    return status

@@ -1,0 +1,65 @@
+"""Sweeps (names, dry run, resume, a failing run recorded) and reports (table, plots, HTML) end to end."""
+
+import json
+
+import pytest
+
+from searchrl.errors import ConfigError
+from searchrl.report import report, variant_of
+from searchrl.sweep import load_sweep, run_sweep
+
+
+def write_sweep(tmp_path, world_dir, tiny_model_dir, extra=""):
+    base = tmp_path / "base.yaml"
+    base.write_text(f"""data: {{world_dir: {world_dir}}}
+model: {{path: {tiny_model_dir}}}
+env: {{template: short, topk: 2, max_turns: 2}}
+rollout: {{max_new_tokens: 8, max_total_tokens: 160, group_size: 2, temperature: 1.0}}
+rewards: [{{name: f1}}]
+algorithm: {{name: grpo}}
+trainer: {{steps: 2, batch_size: 2, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}}
+eval: {{split: test, limit: 4}}
+""")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"""name: t
+base: base.yaml
+variants:
+  - {{name: a}}
+  - {{name: b, overrides: [trainer.lr=2.0e-3]}}
+{extra}grid:
+  seed: [0, 1]
+""")
+    return sweep
+
+
+def test_sweep_names_and_errors(tmp_path, world_dir, tiny_model_dir):
+    sw = load_sweep(write_sweep(tmp_path, world_dir, tiny_model_dir), tmp_path / "runs")
+    assert [r.name for r in sw.runs] == ["a-seed0", "a-seed1", "b-seed0", "b-seed1"]
+    assert sw.runs[3].overrides == ("trainer.lr=2.0e-3", "seed=1")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: base.yaml\nvariants: [{name: a}, {name: a}]\n")
+    with pytest.raises(ConfigError, match="two runs would be named 'a'"):
+        load_sweep(bad)
+    bad.write_text("base: base.yaml\ngrdi: {seed: [1]}\n")
+    with pytest.raises(ConfigError, match="key 'grdi': unknown key"):
+        load_sweep(bad)
+
+
+def test_sweep_runs_resumes_records_failures_and_reports(tmp_path, world_dir, tiny_model_dir, capsys):
+    extra = "  - {name: broken, overrides: [data.world_dir=/nonexistent/world]}\n"
+    sw = load_sweep(write_sweep(tmp_path, world_dir, tiny_model_dir, extra), tmp_path / "runs")
+    sw.runs = [r for r in sw.runs if r.name.endswith("seed0") or r.name == "a-seed1"]  # keep the test short
+    status = run_sweep(sw, jobs=2)
+    assert {n: s["status"] for n, s in status.items()} == {"a-seed0": "done", "a-seed1": "done", "b-seed0": "done",
+                                                            "broken-seed0": "failed"}  # fmt: skip
+    assert "no world found" in (sw.dir / "broken-seed0" / "sweep.log").read_text()
+    assert json.loads((sw.dir / "sweep.json").read_text())["broken-seed0"]["returncode"] != 0
+    capsys.readouterr()
+    run_sweep(sw, dry_run=True)
+    listing = capsys.readouterr().out
+    assert "done  a-seed0" in listing and "todo  broken-seed0" in listing  # finished runs are skipped
+    page = report([sw.dir], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| a | grpo | 2 | " in md and "| b | grpo | 1 | " in md and " ± " in md
+    assert (tmp_path / "report" / "reward_mean.png").exists() and "<table>" in page.read_text()
+    assert variant_of("ppo-lowkl-seed12") == "ppo-lowkl"
