@@ -108,6 +108,9 @@ class RolloutConfig:
     max_new_tokens: int = 128  # per action (generation stops earlier at a stop tag)
     max_total_tokens: int = 2048  # whole trajectory: prompt + actions + observations
     batch_size: int = 64  # sequences per generation call
+    # keyword arguments of the backend, e.g. vllm: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2,
+    # enable_sleep_mode: true, max_model_len: 8192}
+    backend_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ class Trainer:
         if online:
             gen_cls = GENERATORS.get(exp.rollout.backend)
             generator = gen_cls(self.policy, self.tokenizer, env.tags.stop_strings, batch_size=exp.rollout.batch_size,
-                                model_context=lambda: eng.for_generation(self.policy))  # fmt: skip
+                                model_context=lambda: eng.for_generation(self.policy), **exp.rollout.backend_args)  # fmt: skip
         from searchrl.rewards.pipeline import RewardPipeline
 
         self.ctx = Context(
@@ -226,8 +226,12 @@ class Trainer:
             batch.extras["old_logp"], old_values = self._no_grad_pass(self.policy, batch, self.values)
             if old_values is not None:
                 batch.extras["old_values"] = old_values
-            diff = ((batch.extras["old_logp"] - batch.sampled_logprobs).abs() * batch.loss_mask).sum()
-            collect_metrics["rollout/logprob_abs_diff"] = float(diff / batch.loss_mask.sum().clamp(min=1))
+            # the sampler's log-probs against the trainer's recompute: stale or mismatched weights show here
+            diff = (batch.extras["old_logp"] - batch.sampled_logprobs).abs() * batch.loss_mask
+            collect_metrics["rollout/logprob_abs_diff"] = float(
+                diff.sum() / batch.loss_mask.sum().clamp(min=1)
+            )
+            collect_metrics["rollout/logprob_max_diff"] = float(diff.max()) if diff.numel() else 0.0
         if self.reference is not None:
             with self.reference.model() as ref:
                 batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)[0]
@@ -242,6 +246,8 @@ class Trainer:
                 order = torch.stack([2 * pairs, 2 * pairs + 1], 1).flatten()
             for chunk in order.chunk(cfg.mini_batches):
                 self._update(batch.select(chunk.tolist()), sums)
+        if self.ctx.generator is not None:
+            self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
         # every process logs the same numbers: local sums are reduced here
         metrics = {k: eng.sum(v) for k, v in sums.items()}
         metrics["train/grad_norm"] /= eng.world_size  # the norm is global already; it was summed W times

@@ -45,3 +45,4 @@ class Generator(Protocol):
 
 GENERATORS: Registry[Any] = Registry("generator")
 GENERATORS.add_lazy("hf", "searchrl.rollout.hf:HFGenerator")
+GENERATORS.add_lazy("vllm", "searchrl.rollout.vllm:VLLMGenerator")

