@@ -58,6 +58,9 @@ class EnvConfig:
     max_query_chars: int = 256
     on_budget: Literal["force_answer", "end"] = "force_answer"
     doc_max_words: int | None = None
+    # the agent design (RAG-Gym Appendix C): react (think/search/answer turns), direct (answer at once),
+    # rag (the question is the one query, then answer)
+    agent: Literal["react", "direct", "rag"] = "react"
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class Runtime:
         e = self.exp.env
         return SearchEnv(self.retriever, tags=e.tags, template=e.template, topk=e.topk, max_turns=e.max_turns,
                          max_query_chars=e.max_query_chars, on_budget=e.on_budget,
-                         doc_max_words=e.doc_max_words)  # fmt: skip
+                         doc_max_words=e.doc_max_words, agent=e.agent)  # fmt: skip
 
 
 def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -> list[str]:

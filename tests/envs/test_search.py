@@ -136,3 +136,18 @@ def test_garbage_never_crashes(action):
             break
         obs, _, info = env.step(s, action)
         assert isinstance(obs, str) and info.kind in ("search", "answer", "invalid")
+
+
+def test_agent_designs_direct_and_rag(world_bm25, small_world):
+    ex = small_world.examples("test")[0]
+    direct = SearchEnv(world_bm25, template="short", topk=2, agent="direct")
+    st = direct.reset(ex)
+    assert st.prompt.endswith("<answer>") and st.force_answer and ex.question in st.prompt
+    _, done, info = direct.step(st, f" {ex.answers[0]} </answer>")
+    assert done and info.kind == "answer" and st.answer == ex.answers[0]
+    rag = SearchEnv(world_bm25, template="short", topk=2, agent="rag")
+    st = rag.reset(ex)
+    [docs] = world_bm25.search([ex.question], 2)
+    assert rag.format_docs(docs) in st.prompt and st.prompt.endswith("<answer>")
+    with pytest.raises(ValueError, match="agent must be one of react, direct, rag"):
+        SearchEnv(world_bm25, agent="cot")

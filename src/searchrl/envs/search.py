@@ -21,6 +21,8 @@ INVALID_FEEDBACK = (
     "\nMy previous action is invalid. If I want to search, I should put the query between {so} and {sc}. "
     "If I want to give the final answer, I should put the answer between {ao} and {ac}. Let me try again.\n"
 )
+# Agent designs (RAG-Gym Appendix C) over this environment; see `SearchEnv.reset`.
+AGENTS = ("react", "direct", "rag")
 # Error codes recorded in StepInfo.error
 ERRORS = ("no_action", "unclosed_tag", "empty_query", "query_too_long", "multiple_answers",
           "text_after_answer", "missing_boxed", "empty_answer")  # fmt: skip
@@ -83,9 +85,13 @@ class SearchEnv:
         max_query_chars: int = 256,
         on_budget: str = "force_answer",
         doc_max_words: int | None = None,
+        agent: str = "react",
     ) -> None:
         if on_budget not in ("force_answer", "end"):
             raise ValueError(f"on_budget must be 'force_answer' or 'end', got {on_budget!r}")
+        if agent not in AGENTS:
+            raise ValueError(f"agent must be one of {', '.join(AGENTS)}, got {agent!r}")
+        self.agent = agent
         self.retriever = retriever
         self.tags = TAGSETS[tags] if isinstance(tags, str) else tags
         self.template = TEMPLATES.get(template, template)
@@ -94,7 +100,16 @@ class SearchEnv:
 
     # ------------------------------------------------------------------ episodes
     def reset(self, example: Example) -> EnvState:
-        return EnvState(example=example, prompt=self.template.format(question=example.question))
+        """A new episode. The agent design shapes its start (RAG-Gym Appendix C): ``react`` reasons and
+        searches in turns; ``direct`` answers at once (the prompt ends with the opened answer tag);
+        ``rag`` retrieves with the question itself, shows those documents, then answers at once."""
+        prompt = self.template.format(question=example.question)
+        if self.agent == "react":
+            return EnvState(example=example, prompt=prompt)
+        if self.agent == "rag":
+            [docs] = self.retriever.search([example.question], self.topk)
+            prompt += f"\n\n{self.tags.info_open}{self.format_docs(docs)}{self.tags.info_close}\n\n"
+        return EnvState(example=example, prompt=prompt + self.tags.answer_open, force_answer=True)
 
     def step(self, state: EnvState, action: str, eos: bool = False) -> tuple[str, bool, StepInfo]:
         return self.step_batch([state], [action], [eos])[0]
