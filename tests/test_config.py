@@ -48,7 +48,7 @@ def test_unknown_key_names_file_key_and_suggestion(tmp_path):
         load_experiment(f)
     msg = str(e.value)
     assert str(f) in msg and "key 'env.topkk': unknown key" in msg
-    assert "valid: doc_max_words, max_query_chars" in msg and "did you mean 'topk'?" in msg
+    assert "valid: agent, doc_max_words, max_query_chars" in msg and "did you mean 'topk'?" in msg
 
 
 def test_unknown_top_level_section(tmp_path):
@@ -164,7 +164,18 @@ def test_resolved_config_round_trips(tmp_path):
 
 def test_every_shipped_experiment_validates():
     files = sorted((REPO / "experiments").rglob("*.yaml"))
-    files = [f for f in files if "accelerate" not in f.parts]
+    files = [f for f in files if "accelerate" not in f.parts and "sweeps" not in f.parts]
     assert files
     for f in files:
         check_arguments(load_experiment(f), str(f))
+
+
+def test_every_shipped_sweep_validates():
+    from searchrl.sweep import check, load_sweep
+
+    files = sorted((REPO / "experiments" / "sweeps").glob("*.yaml"))
+    assert len(files) >= 2
+    for f in files:
+        sweep = load_sweep(f)
+        assert len(sweep.runs) >= 6
+        check(sweep)
