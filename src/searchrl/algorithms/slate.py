@@ -123,10 +123,8 @@ class SLATE(GRPO):
                 n_prefix = len(prefixes[q].segments)
                 for kid, rj in zip(group, r):
                     sample = candidate_sample(kid, n_prefix)
-                    sample.reward, sample.group_id = (
-                        rj,
-                        indices[q] * (B + 1) + t,
-                    )  # one group per (question, step)
+                    sample.reward = rj
+                    sample.group_id = indices[q] * (B + 1) + t  # one group per (question, step)
                     samples[q].append(sample)
                 rng = random.Random(hash((self.step, indices[q], t)))
                 prefixes[q] = group[select(r, step_advantages(r, cfg.eps), cfg.selection, cfg.eta, rng)]
@@ -134,9 +132,7 @@ class SLATE(GRPO):
 
         out: list[Trajectory] = []
         pad = c.tokenizer.pad_token_id
-        for q, got in enumerate(
-            samples
-        ):  # empty samples fill the k*B slots: same micro-batch count everywhere
+        for q, got in enumerate(samples):  # empty samples fill the k*B slots: same micro-batches everywhere
             out += got + [Trajectory(examples[q], [Segment("prompt", [pad, pad])], group_id=-1 - indices[q])
                           for _ in range(cfg.k * B - len(got))]  # fmt: skip
         n = max(len(prefixes), 1)
@@ -145,6 +141,10 @@ class SLATE(GRPO):
                    "slate/answered": sum(p.answer is not None for p in prefixes) / n,
                    "slate/em": sum(exact_match(p.answer or "", p.example.answers) for p in prefixes) / n,
                    "slate/steps_per_question": len(rewards) / (cfg.k * n)}  # fmt: skip
+        if (
+            c.rewards is not None
+        ):  # the experiment's outcome rewards on the episodes SLATE built, for comparison
+            metrics.update(c.rewards(prefixes))
         return out, metrics
 
 
