@@ -102,3 +102,17 @@ def test_serve_needs_a_corpus(capsys):
 def test_unknown_override_argument_is_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["world", "--out", "x", "--bogus"])
+
+
+def test_eval_on_dataset_files_gives_one_row_each(tmp_path, capsys, fixtures, tiny_model_dir):
+    out = tmp_path / "run"
+    main(["eval", str(REPO / "experiments" / "quickstart.yaml"), "--model", str(tiny_model_dir),
+          "--data", f"musique={fixtures / 'musique.jsonl'},{fixtures / 'musique_corpus.json'}",
+          "--data", f"hotpotqa={fixtures / 'hotpotqa.json'},{fixtures / 'hotpotqa_corpus.json'}",
+          f"output_dir={out}", "env.max_turns=2", "rollout.max_new_tokens=8", "env.agent=rag"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "| eval-policy-rag-musique |" in printed and "| eval-policy-rag-hotpotqa |" in printed
+    m = json.loads((out / "eval-policy-rag-musique.json").read_text())
+    assert m["n"] > 0 and m["tokens_per_question"] > 0 and "searches_per_question" in m
+    with pytest.raises(SystemExit):
+        main(["eval", str(REPO / "experiments" / "quickstart.yaml"), "--data", "nopath"])

@@ -8,6 +8,7 @@ import socketserver
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from searchrl.errors import SearchRLError
 
@@ -161,11 +162,25 @@ def cmd_teacher(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
+    from searchrl.eval import markdown_table
+
+    rows: dict[str, dict[str, Any]] = {}
+    for spec in args.data or [""]:  # one row per dataset (--data NAME=QUESTIONS[,CORPUS]), as in the papers
+        name, _, path = spec.partition("=")
+        if spec and not path:
+            raise SearchRLError(f"--data takes NAME=QUESTIONS[,CORPUS], got {spec!r}")
+        path, _, corpus = path.partition(",")
+        data = [f"data.source={args.data_format}", f"data.test={path}", "eval.split=test"] if spec else []
+        data += [f"data.corpus={corpus}"] if corpus else []
+        rows.update(_evaluate(args, [*data, *args.overrides], name))
+    print(markdown_table(rows))
+
+
+def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> dict[str, dict[str, Any]]:
     from searchrl.config import load_experiment, save_resolved
-    from searchrl.eval import episode_metrics, markdown_table, write_results
+    from searchrl.eval import episode_metrics, write_results
     from searchrl.runtime import Runtime
 
-    overrides = list(args.overrides)
     if args.agent:
         overrides.append(f"eval.agent={args.agent}")
     if args.split:
@@ -174,6 +189,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     save_resolved(exp, exp.out)
     rt = Runtime(exp)
     examples = rt.examples(exp.eval.split)[: exp.eval.limit]
+    label = f"{dataset or exp.eval.split}"
     t = time.perf_counter()
     if exp.eval.agent == "policy":
         from contextlib import nullcontext
@@ -184,7 +200,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
         trained = exp.out / "final"
         path = args.model or (trained if (trained / "config.json").exists() else local_model_dir(rt))
-        print(f"evaluating the policy in {path}")
+        print(f"evaluating the policy in {path} on {label}")
         model, tokenizer = load_model_and_tokenizer(path, exp.model.dtype)
         states = run_policy(lambda: nullcontext(model), tokenizer, rt.env(), examples, exp.eval.temperature,
                             exp.rollout.max_new_tokens, exp.rollout.max_total_tokens, exp.rollout.batch_size)  # fmt: skip
@@ -202,19 +218,17 @@ def cmd_eval(args: argparse.Namespace) -> None:
         prm = exp.eval.prm or exp.out / "final"
         rows = {}
         for n in exp.eval.best_of:
-            print(f"policy {policy} guided by the PRM in {prm}, best of {n}")
-            rows[f"eval-prm-best-of-{n}-{exp.eval.split}"] = evaluate_best_of_n(
-                rt, Path(policy), Path(prm), n
-            )
-        print(markdown_table(rows))
-        return
+            print(f"policy {policy} guided by the PRM in {prm}, best of {n}, on {label}")
+            rows[f"prm-best-of-{n}-{label}"] = evaluate_best_of_n(rt, Path(policy), Path(prm), n)
+        return rows
     metrics = episode_metrics(states)
     metrics["seconds"] = time.perf_counter() - t
-    name = f"eval-{exp.eval.agent}-{exp.eval.split}"
+    design = "" if exp.env.agent == "react" else f"-{exp.env.agent}"
+    name = f"eval-{exp.eval.agent}{design}-{label}"
     js, _ = write_results(exp.out, name, metrics)
-    print(markdown_table({name: metrics}))
     print(json.dumps({k: metrics[k] for k in ("em_by_hops", "finish_reasons")}))
     print(f"results written to {js}")
+    return {name: metrics}
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -328,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent", default=None, help="policy (default), teacher, or prm (PRM best-of-N, eval.best_of)"
     )
     e.add_argument("--split", default=None)
+    e.add_argument("--data", action="append", default=[], metavar="NAME=QUESTIONS[,CORPUS]",
+                   help="evaluate on a question file with its corpus (repeatable: one table row per dataset)")  # fmt: skip
+    e.add_argument(
+        "--data-format", default="auto", help="the files' format: auto, flashrag, hotpotqa, musique, 2wiki"
+    )
     e.add_argument(
         "--model",
         default=None,

@@ -33,8 +33,31 @@ def gold_recall(state: EnvState) -> float | None:
     return len(gold & got) / len(gold)
 
 
+def gold_recall_by_step(states: Sequence[EnvState]) -> dict[int, float]:
+    """Mean share of gold documents retrieved by the end of each search step (1, 2, …), over the questions
+    whose data names gold documents; an episode that stopped searching keeps its last value."""
+    rows = []
+    for st in states:
+        gold = set(st.example.gold_doc_ids)
+        if not gold:
+            continue
+        got: set[str] = set()
+        curve = []
+        for info in st.infos:
+            if info.kind == "search" and info.valid:
+                got.update(info.doc_ids)
+                curve.append(len(gold & got) / len(gold))
+        rows.append(curve)
+    steps = max((len(r) for r in rows), default=0)
+    return {
+        t + 1: sum((r[t] if t < len(r) else (r[-1] if r else 0.0)) for r in rows) / len(rows)
+        for t in range(steps)
+    }
+
+
 def episode_metrics(states: Sequence[EnvState]) -> dict[str, Any]:
-    """Mean EM / F1 / sub-EM, searches and invalid actions per question, finish reasons, EM by hop count."""
+    """Mean EM / F1 / sub-EM, searches, generated tokens and invalid actions per question, finish reasons,
+    EM by hop count, gold-document recall (overall and by search step)."""
     n = len(states)
     if n == 0:
         return {"n": 0}
@@ -60,6 +83,7 @@ def episode_metrics(states: Sequence[EnvState]) -> dict[str, Any]:
     out.update(
         n=n,
         searches_per_question=searches / n,
+        tokens_per_question=sum(s.generated_tokens for s in states) / n,
         invalid_action_rate=invalid / max(actions, 1),
         redundant_search_rate=redundant / max(searches, 1),
         finish_reasons=dict(sorted(reasons.items())),
@@ -67,11 +91,13 @@ def episode_metrics(states: Sequence[EnvState]) -> dict[str, Any]:
     )
     if recalls:
         out["gold_doc_recall"] = sum(recalls) / len(recalls)
+        out["gold_recall_by_step"] = gold_recall_by_step(states)
     return out
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    cols = ["n", "em", "f1", "sub_em", "searches_per_question", "invalid_action_rate", "gold_doc_recall"]
+    cols = ["n", "em", "f1", "sub_em", "searches_per_question", "tokens_per_question", "invalid_action_rate",
+            "gold_doc_recall"]  # fmt: skip
     lines = ["| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, m in rows.items():
         cells = [f"{m[c]:.3f}" if isinstance(m.get(c), float) else str(m.get(c, "")) for c in cols]

@@ -50,6 +50,7 @@ class EnvState:
     done: bool = False
     finish_reason: str | None = None  # "answer" | "budget" | "eos"
     force_answer: bool = False  # the last observation ended with the opening answer tag
+    generated_tokens: int = 0  # tokens the agent generated in this episode (set by the rollout loop)
 
     @property
     def answer(self) -> str | None:

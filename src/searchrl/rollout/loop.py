@@ -125,6 +125,7 @@ def run(
                 if obs:
                     t.segments.append(Segment("observation", encode(tokenizer, obs)))
                 stats.tokens_generated += len(g.token_ids)
+                t.state.generated_tokens += len(g.token_ids)  # type: ignore[union-attr]
                 stats.actions += 1
                 stats.invalid_actions += not info.valid
                 stats.searches += info.kind == "search" and info.valid
