@@ -29,7 +29,6 @@ from searchrl.envs.synthetic.teacher import trajectory_record
 from searchrl.rewards.judges import ANNOTATORS, JudgeItem
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
-from searchrl.types import Trajectory
 
 
 def step_pairs(state: Any, candidates: list[tuple[str, float]], chosen_min: float, rejected_max: float
@@ -65,21 +64,22 @@ def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progres
         while live := [q for q, p in enumerate(prefixes) if p.state is not None and not p.state.done]:
             groups = expand([prefixes[q] for q in live], cfg.n, env, generator, tokenizer, params,
                             exp.rollout.max_total_tokens, stats)  # fmt: skip
-            items = [JudgeItem(_st(prefixes[q]), _st(c).actions[-1], c.steps[-1].info, tuple(_st(c).retrieved[-1]))
-                     for q, g in zip(live, groups) for c in g]  # fmt: skip
+            items = [JudgeItem.of(prefixes[q], c) for q, g in zip(live, groups) for c in g]
             scores = iter(annotate(items))
             for q, group in zip(live, groups):
                 if not group:
-                    _st(prefixes[q]).done = True
+                    prefixes[q].episode.done = True
                     continue
                 s = [float(next(scores)) for _ in group]
-                ranked[q].append((_st(prefixes[q]), [(_st(c).actions[-1], x) for c, x in zip(group, s)]))
+                ranked[q].append(
+                    (prefixes[q].episode, [(c.episode.actions[-1], x) for c, x in zip(group, s)])
+                )
                 prefixes[q] = group[max(range(len(group)), key=lambda j: s[j])]  # execute the best action
                 steps += 1
         for q, p in enumerate(prefixes):
             if p.answer is not None and exact_match(p.answer, p.example.answers):  # keep correct episodes
                 kept += 1
-                records.append(trajectory_record(_st(p)))
+                records.append(trajectory_record(p.episode))
                 for state, cands in ranked[q]:
                     pairs += step_pairs(state, cands, cfg.chosen_min, cfg.rejected_max)
         bar.update(len(chunk))
@@ -87,12 +87,6 @@ def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progres
     summary = {"questions": len(examples), "kept_episodes": kept, "steps": steps, "pairs": len(pairs),
                "candidates_per_step": cfg.n, **stats.metrics()}  # fmt: skip
     return pairs, records, summary
-
-
-def _st(t: Trajectory) -> Any:
-    if t.state is None:
-        raise ValueError(f"trajectory of {t.example.id} has no environment episode")
-    return t.state
 
 
 def save(out: Path, pairs: list[dict[str, Any]], records: list[dict[str, Any]], summary: dict[str, Any],

@@ -67,6 +67,13 @@ class Trajectory:
     def answer(self) -> str | None:
         return self.state.answer if self.state is not None else None
 
+    @property
+    def episode(self) -> EnvState:
+        """The environment episode; an error for trajectories built from data without one."""
+        if self.state is None:
+            raise ValueError(f"trajectory of {self.example.id} has no environment episode")
+        return self.state
+
 
 @dataclass
 class RolloutBatch:

@@ -67,8 +67,6 @@ def test_both_backends_agree_with_a_trainer_recompute(engine):
 
 @pytest.mark.vllm
 def test_stops_exactly_at_the_tag(engine):
-    from searchrl.rollout.vllm import VLLMGenerator
-
     _, tok, vgen = engine
     prompt = tok("Question: who is Keve?\n")["input_ids"]
     [free] = vgen.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=8))
@@ -88,7 +86,6 @@ def test_stops_exactly_at_the_tag(engine):
             assert g.finish == "stop" and g.token_ids == free.token_ids[:n], (single, multi)
     finally:
         vgen.stop_ids, vgen.stop_texts = tags
-    assert VLLMGenerator.__init__  # the constructor's split of tags is the HF backend's, tested there
 
 
 @pytest.mark.vllm

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from searchrl.algorithms.grpo import GRPO, GRPOConfig
-from searchrl.envs.search import EnvState
 from searchrl.rewards.judges import JUDGES, JudgeItem, JudgeScores
 from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
 from searchrl.types import Segment, Step, Trajectory
@@ -106,13 +105,11 @@ class SLATE(GRPO):
                 break
             groups = expand([prefixes[q] for q in live], cfg.k, c.env, c.generator, c.tokenizer, c.sampling,
                             c.max_total_tokens, stats)  # fmt: skip
-            items = [JudgeItem(_state(prefixes[q]), _state(kid).actions[-1], kid.steps[-1].info,
-                               tuple(_state(kid).retrieved[-1]))
-                     for q, group in zip(live, groups) for kid in group]  # fmt: skip
+            items = [JudgeItem.of(prefixes[q], kid) for q, group in zip(live, groups) for kid in group]
             scores = iter(self.judge(items))
             for q, group in zip(live, groups):
                 if not group:
-                    _state(prefixes[q]).done = True
+                    prefixes[q].episode.done = True
                     continue
                 judged = [next(scores) for _ in group]
                 failures += sum(s.failed for s in judged)
@@ -156,12 +153,6 @@ def step_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
 
     r = torch.tensor(rewards, dtype=torch.float64)
     return grpo_outcome(r, torch.zeros(len(rewards), dtype=torch.long), eps=eps).tolist()
-
-
-def _state(t: Trajectory) -> EnvState:
-    if t.state is None:
-        raise ValueError(f"trajectory of {t.example.id} has no environment episode")
-    return t.state
 
 
 def budget_of(config: Any, max_turns: int) -> int:

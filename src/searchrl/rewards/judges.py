@@ -42,6 +42,12 @@ class JudgeItem:
     info: StepInfo  # the environment's parse of it (kind, query, answer, validity)
     retrieved: tuple[Doc, ...] = ()  # what the candidate's query brought back (searches)
 
+    @classmethod
+    def of(cls, prefix: Any, candidate: Any) -> JudgeItem:
+        """The item for ``candidate`` (a `Trajectory` one step past ``prefix``)."""
+        ep = candidate.episode
+        return cls(prefix.episode, ep.actions[-1], candidate.steps[-1].info, tuple(ep.retrieved[-1]))
+
 
 @dataclass(frozen=True)
 class JudgeScores:

@@ -43,6 +43,19 @@ class Generator(Protocol):
         ...
 
 
+def split_stops(tokenizer: Any, stop_strings: Sequence[str]) -> tuple[set[int], list[str]]:
+    """Stop tags that are one token of ``tokenizer`` (matched on ids) and the others (matched on text)."""
+    ids: set[int] = set()
+    texts: list[str] = []
+    for s in stop_strings:
+        enc = tokenizer.encode(s, add_special_tokens=False)
+        if len(enc) == 1 and tokenizer.decode(enc) == s:
+            ids.add(enc[0])
+        else:
+            texts.append(s)
+    return ids, texts
+
+
 GENERATORS: Registry[Any] = Registry("generator")
 GENERATORS.add_lazy("hf", "searchrl.rollout.hf:HFGenerator")
 GENERATORS.add_lazy("vllm", "searchrl.rollout.vllm:VLLMGenerator")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from searchrl.rollout.generator import Generation, SamplingParams
+from searchrl.rollout.generator import Generation, SamplingParams, split_stops
 
 
 @dataclass
@@ -49,14 +49,7 @@ class HFGenerator:
         self.model_context = model_context or (lambda: nullcontext(self.model))
         self.eos_ids = {i for i in [tokenizer.eos_token_id] if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.stop_ids: set[int] = set()
-        self.stop_texts: list[str] = []
-        for s in stop_strings:
-            ids = tokenizer.encode(s, add_special_tokens=False)
-            if len(ids) == 1 and tokenizer.decode(ids) == s:
-                self.stop_ids.add(ids[0])
-            else:
-                self.stop_texts.append(s)
+        self.stop_ids, self.stop_texts = split_stops(tokenizer, stop_strings)
         self._tail = (
             max((len(tokenizer.encode(s, add_special_tokens=False)) for s in self.stop_texts), default=0) + 2
         )

@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from searchrl.errors import SearchRLError
-from searchrl.rollout.generator import Generation, SamplingParams
+from searchrl.rollout.generator import Generation, SamplingParams, split_stops
 
 
 def _import_vllm() -> Any:
@@ -60,14 +60,7 @@ class VLLMGenerator:
         self.model_context = model_context or (lambda: nullcontext(self.policy))
         self.sleep = enable_sleep_mode
         self.eos_ids = {i for i in [tokenizer.eos_token_id] if i is not None}
-        self.stop_ids: set[int] = set()
-        self.stop_texts: list[str] = []
-        for s in stop_strings:
-            ids = tokenizer.encode(s, add_special_tokens=False)
-            if len(ids) == 1 and tokenizer.decode(ids) == s:
-                self.stop_ids.add(ids[0])
-            else:
-                self.stop_texts.append(s)
+        self.stop_ids, self.stop_texts = split_stops(tokenizer, stop_strings)
         for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
             os.environ.setdefault(k, v)
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
