@@ -24,6 +24,17 @@ def test_defaults_and_overrides(tmp_path):
     assert exp.model.lora.alpha == 32  # default kept
 
 
+def test_exponent_numbers_without_a_dot_are_numbers(tmp_path):
+    # YAML 1.1 reads `1e-5` as a string; a float key takes it as the number users mean
+    f = write(tmp_path, "exp.yaml", "trainer: {lr: 3e-4}\n")
+    exp = load_experiment(f, ["rollout.temperature=5E-1"])
+    assert exp.trainer.lr == 3e-4 and exp.rollout.temperature == 0.5
+    with pytest.raises(ConfigError, match="key 'trainer.lr': expected a number"):
+        load_experiment(None, ["trainer.lr=1e-x"])
+    with pytest.raises(ConfigError, match="key 'trainer.steps': expected an integer"):
+        load_experiment(None, ["trainer.steps=1e3"])
+
+
 def test_base_includes_merge_and_child_wins(tmp_path):
     write(tmp_path, "base.yaml", "name: base\nenv: {topk: 2, max_turns: 3}\nrewards: [{name: em}]\n")
     sub = tmp_path / "sub"

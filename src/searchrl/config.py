@@ -388,6 +388,9 @@ _SCALARS: dict[type, tuple[Any, str]] = {
 }
 
 
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def convert(tp: Any, value: Any, ctx: _Ctx, key: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -427,6 +430,8 @@ def convert(tp: Any, value: Any, ctx: _Ctx, key: str) -> Any:
         if not isinstance(value, dict):
             raise ctx.error(key, "expected a mapping", value=value)
         return dict(value)
+    if tp is float and isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads `1e-5` (no dot) as a string; it is a number to a user
     if tp in _SCALARS:
         accepts, expected = _SCALARS[tp]
         if not accepts(value):
