@@ -10,12 +10,14 @@ class ScriptedCandidates:
 
     def __init__(self, tok, texts):
         self.tok, self.texts, self.calls = tok, texts, 0
+        self.prompts = []  # the prompts of every call
 
     def release(self, cache_keys=None):
         pass
 
     def generate(self, prompts, params, cache_keys=None):
         row = self.texts[min(self.calls, len(self.texts) - 1)]
+        self.prompts.append([list(p) for p in prompts])
         self.calls += 1
         out = []
         for j in range(len(prompts)):

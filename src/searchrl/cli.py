@@ -123,7 +123,7 @@ def cmd_collect(args: argparse.Namespace) -> None:
     from searchrl.process_data import run
 
     exp = load_experiment(args.config, args.overrides)
-    check_arguments(exp, args.config)
+    check_arguments(exp, args.config, training=False)
     summary = run(exp, args.model)
     print(json.dumps(summary, indent=1))
     print(f"process data written to {exp.process_data.out}")

@@ -49,6 +49,12 @@ class RetrieverConfig:
 
 
 @dataclass(frozen=True)
+class SummarizerConfig:
+    name: str = field(default="extract", metadata={"registry": "summarizers"})
+    args: dict[str, Any] = field(default_factory=dict)  # passed to the summarizer's constructor
+
+
+@dataclass(frozen=True)
 class EnvConfig:
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     tags: str = field(default="search_r1", metadata={"choices": "tagsets"})
@@ -58,9 +64,13 @@ class EnvConfig:
     max_query_chars: int = 256
     on_budget: Literal["force_answer", "end"] = "force_answer"
     doc_max_words: int | None = None
-    # the agent design (RAG-Gym Appendix C): react (think/search/answer turns), direct (answer at once),
-    # rag (the question is the one query, then answer)
-    agent: Literal["react", "direct", "rag"] = "react"
+    # the agent design (RAG-Gym Appendix C, §3): react (think/search/answer turns), direct (answer at once),
+    # rag (the question is the one query, then answer), research (RAG-Gym's ReSearch: the state is the
+    # question and the (query, summary) pairs so far, re-rendered each step; SFT, DPO, PRM and evaluation only)
+    agent: Literal["react", "direct", "rag", "research"] = "react"
+    # turns each search's documents into a short answer to its query (envs/summarize.py). Default: `extract`
+    # for research, none (the documents themselves) for the others; set it on react for Search-o1's design.
+    summarizer: SummarizerConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -214,12 +224,13 @@ class Experiment:
 def _registries() -> dict[str, Registry[Any]]:
     from searchrl.algorithms import ALGORITHMS
     from searchrl.envs.retrievers.base import RETRIEVERS
+    from searchrl.envs.summarize import SUMMARIZERS
     from searchrl.rewards import REWARDS
     from searchrl.rewards.judges import ANNOTATORS, JUDGES
     from searchrl.rollout.generator import GENERATORS
 
     return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS, "generators": GENERATORS,
-            "judges": JUDGES, "annotators": ANNOTATORS}  # fmt: skip
+            "judges": JUDGES, "annotators": ANNOTATORS, "summarizers": SUMMARIZERS}  # fmt: skip
 
 
 def _choices(name: str) -> list[str]:
@@ -332,17 +343,26 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] | None 
     return convert(Experiment, data, ctx, "")
 
 
-def check_arguments(exp: Experiment, source: str = "<config>") -> None:
+def check_arguments(exp: Experiment, source: str = "<config>", training: bool = True) -> None:
     """Deeper checks that import the named objects: algorithm arguments against the algorithm's
-    ``Config`` dataclass, reward ``args`` against the reward's keyword parameters."""
+    ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
+    file will train its algorithm) that the algorithm can train the agent design."""
     import inspect
 
     from searchrl.algorithms import ALGORITHMS
+    from searchrl.envs.search import AGENTS, RERENDERED_AGENTS
     from searchrl.rewards import REWARDS
     from searchrl.rewards.registry import PROVIDED, reward_kind
 
     if exp.algorithm is not None:
         algo = ALGORITHMS.get(exp.algorithm.name)
+        if training and getattr(algo, "online", False) and exp.env.agent in RERENDERED_AGENTS:
+            raise ConfigError(
+                f"agent '{exp.env.agent}' re-renders its state at every step, so an episode is not one token "
+                f"sequence; the online algorithm '{exp.algorithm.name}' trains on such sequences",
+                file=source, key="env.agent", value=exp.env.agent,
+                choices=[a for a in AGENTS if a not in RERENDERED_AGENTS],
+                hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)")  # fmt: skip
         config_cls = getattr(algo, "Config", None)
         if config_cls is not None:
             from_dict(config_cls, exp.algorithm.args, source, "algorithm")

@@ -11,7 +11,8 @@ Written to ``process_data.out`` (a `datasets` dataset on disk each):
 
 - ``pairs/``: one row per (state, chosen, rejected) step pair — the state as text pieces (``prompt``,
   earlier ``actions`` and ``observations``), ``chosen``/``rejected`` action texts and their scores;
-- ``sft/``: the kept episodes as SFT records (prompt, actions, observations), the chosen actions;
+- ``sft/``: the kept episodes as SFT records (prompt, actions, observations), the chosen actions — one
+  record per step, the rendered state as its prompt, for a re-rendered agent design (``research``);
 - ``README.md``: a card saying how the data was made, with counts.
 """
 
@@ -31,15 +32,30 @@ from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
 
 
-def step_pairs(state: Any, candidates: list[tuple[str, float]], chosen_min: float, rejected_max: float
+def step_pairs(env: Any, state: Any, candidates: list[tuple[str, float]], chosen_min: float, rejected_max: float
                ) -> list[dict[str, Any]]:  # fmt: skip
-    """Every (chosen, rejected) pair of one step's ranked candidates, with the state as text pieces."""
+    """Every (chosen, rejected) pair of one step's ranked candidates, with the state as text pieces
+    (`SearchEnv.pieces`: the rendered state alone for a re-rendered agent design)."""
     good = [(a, s) for a, s in candidates if s >= chosen_min]
     bad = [(a, s) for a, s in candidates if s <= rejected_max]
-    return [{"id": state.example.id, "question": state.example.question, "prompt": state.prompt,
-             "actions": list(state.actions), "observations": list(state.observations), "step": len(state.actions),
+    prompt, actions, observations = env.pieces(state)
+    return [{"id": state.example.id, "question": state.example.question, "prompt": prompt,
+             "actions": actions, "observations": observations, "step": len(state.actions),
              "chosen": a, "rejected": b, "chosen_score": sa, "rejected_score": sb}
             for a, sa in good for b, sb in bad]  # fmt: skip
+
+
+def sft_records(env: Any, final: Any, states: list[Any]) -> list[dict[str, Any]]:
+    """SFT records of a kept episode (``final``) whose step states were ``states``: the episode itself for
+    append-only designs; one record per step — rendered state, chosen action — for re-rendered ones."""
+    if env.append_only:
+        return [trajectory_record(final)]
+    out = []
+    for state in states:
+        rec = trajectory_record(final)
+        rec.update(prompt=env.render(state), actions=[final.actions[len(state.actions)]], observations=[""])
+        out.append(rec)
+    return out
 
 
 def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progress: bool = True
@@ -79,9 +95,9 @@ def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progres
         for q, p in enumerate(prefixes):
             if p.answer is not None and exact_match(p.answer, p.example.answers):  # keep correct episodes
                 kept += 1
-                records.append(trajectory_record(p.episode))
+                records += sft_records(env, p.episode, [state for state, _ in ranked[q]])
                 for state, cands in ranked[q]:
-                    pairs += step_pairs(state, cands, cfg.chosen_min, cfg.rejected_max)
+                    pairs += step_pairs(env, state, cands, cfg.chosen_min, cfg.rejected_max)
         bar.update(len(chunk))
     bar.close()
     summary = {"questions": len(examples), "kept_episodes": kept, "steps": steps, "pairs": len(pairs),
@@ -97,6 +113,9 @@ def save(out: Path, pairs: list[dict[str, Any]], records: list[dict[str, Any]], 
     Dataset.from_list(pairs).save_to_disk(str(out / "pairs"))
     Dataset.from_list(records).save_to_disk(str(out / "sft"))
     cfg = exp.process_data
+    rerendered = (
+        "" if exp.env.agent != "research" else " (state re-rendered each step: one SFT record per step)"
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "README.md").write_text(f"""# RAG-Gym process data: {exp.name}
 
@@ -107,6 +126,7 @@ Collected {time.strftime("%Y-%m-%d %H:%M")} by `searchrl collect-process-data` (
 - annotator: `{cfg.annotator}` {json.dumps(cfg.annotator_args) if cfg.annotator_args else ""}
 - at every step the best-ranked candidate was executed; only episodes with a correct final answer were
   kept ({summary["kept_episodes"]} of {summary["questions"]})
+- agent design: `{exp.env.agent}`{rerendered}
 - pairs: every candidate scoring >= {cfg.chosen_min} (chosen) x every candidate scoring <= {cfg.rejected_max}
   (rejected) of the same step: {summary["pairs"]} pairs over {summary["steps"]} annotated steps
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from searchrl.config import Experiment
 from searchrl.data.corpus import Doc, load_corpus
@@ -74,11 +75,19 @@ class Runtime:
             return build_retriever("http", cache=r.cache, **r.args)
         return build_retriever(r.name, corpus=self.corpus, index=r.index, cache=r.cache, **r.args)
 
+    @cached_property
+    def summarizer(self) -> Any:
+        """The configured summarizer (built once: an LLM one may load a model), or None."""
+        from searchrl.envs.summarize import SUMMARIZERS
+
+        spec = self.exp.env.summarizer
+        return SUMMARIZERS.get(spec.name)(**spec.args) if spec is not None else None
+
     def env(self) -> SearchEnv:
         e = self.exp.env
         return SearchEnv(self.retriever, tags=e.tags, template=e.template, topk=e.topk, max_turns=e.max_turns,
                          max_query_chars=e.max_query_chars, on_budget=e.on_budget,
-                         doc_max_words=e.doc_max_words, agent=e.agent)  # fmt: skip
+                         doc_max_words=e.doc_max_words, agent=e.agent, summarizer=self.summarizer)  # fmt: skip
 
 
 def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -> list[str]:

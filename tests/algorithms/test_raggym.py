@@ -17,7 +17,9 @@ from searchrl.rollout.loop import encode
 from tests.helpers import ScriptedCandidates
 
 
-def trl_sigmoid_dpo(chosen, rejected, ref_chosen, ref_rejected, beta):
+def trl_sigmoid_dpo(
+    chosen, rejected, ref_chosen, ref_rejected, beta, loss_types=("sigmoid",), loss_weights=(1.0,)
+):
     """TRL's own DPOTrainer loss code, run on given per-token log-probabilities (a stub trainer and model)."""
     from trl import DPOTrainer
 
@@ -29,8 +31,8 @@ def trl_sigmoid_dpo(chosen, rejected, ref_chosen, ref_rejected, beta):
     stub = SimpleNamespace(
         model=model, accelerator=SimpleNamespace(device="cpu", gather_for_metrics=lambda x: x, gather=lambda x: x),
         aux_loss_enabled=False,
-        ld_alpha=None, precompute_ref_logps=True, f_divergence_type="reverse_kl", loss_types=["sigmoid"],
-        loss_weights=[1.0], beta=beta, label_smoothing=0.0, use_weighting=False, _metrics=defaultdict(lambda: defaultdict(list)),
+        ld_alpha=None, precompute_ref_logps=True, f_divergence_type="reverse_kl", loss_types=list(loss_types),
+        loss_weights=list(loss_weights), beta=beta, label_smoothing=0.0, use_weighting=False, _metrics=defaultdict(lambda: defaultdict(list)),
         _total_train_tokens=0, _tp_size=1,
     )  # fmt: skip
     inputs = {"input_ids": torch.zeros(2 * B, T + 1, dtype=torch.long), "attention_mask": torch.ones(2 * B, T + 1),
@@ -49,6 +51,19 @@ def test_dpo_loss_equals_trl(beta):
     assert torch.allclose(margin, beta * ((chosen.sum(1) - ref_c) - (rejected.sum(1) - ref_r)))
 
 
+@pytest.mark.parametrize("alpha", [0.5, 2.0])
+def test_rpo_term_equals_trl_dpo_plus_its_sft_loss(alpha):
+    g = torch.Generator().manual_seed(1)
+    chosen, rejected = -torch.rand(4, 7, generator=g) * 3, -torch.rand(4, 7, generator=g) * 3
+    ref_c, ref_r = -torch.rand(4, generator=g) * 10, -torch.rand(4, generator=g) * 10
+    ours, _ = dpo_loss(chosen.sum(1), rejected.sum(1), ref_c, ref_r, 0.1, rpo_alpha=alpha,
+                       chosen_tokens=torch.full((4,), 7.0))  # fmt: skip
+    theirs = trl_sigmoid_dpo(chosen, rejected, ref_c, ref_r, 0.1, ("sigmoid", "sft"), (1.0, alpha))
+    assert float(ours.mean()) == pytest.approx(float(theirs), rel=1e-6)
+    plain, _ = dpo_loss(chosen.sum(1), rejected.sum(1), ref_c, ref_r, 0.1)
+    assert float((ours - plain).mean()) == pytest.approx(alpha * float(-chosen.mean()), rel=1e-6)
+
+
 def test_prm_loss_on_a_hand_made_pair():
     assert float(prm_loss(torch.tensor([2.0]), torch.tensor([0.5]))) == pytest.approx(
         math.log(1 + math.exp(-1.5))
@@ -61,7 +76,7 @@ def test_step_pairs_are_every_chosen_times_rejected():
         example=SimpleNamespace(id="q", question="Q?"), prompt="P", actions=["a1"], observations=["o1"]
     )
     cands = [("good", 2.0), ("ok", 1.0), ("meh", 0.0), ("bad", -1.0), ("worse", -3.0)]
-    pairs = step_pairs(st, cands, chosen_min=1.0, rejected_max=-1.0)
+    pairs = step_pairs(SearchEnv(None), st, cands, chosen_min=1.0, rejected_max=-1.0)
     assert {(p["chosen"], p["rejected"]) for p in pairs} == {
         ("good", "bad"),
         ("good", "worse"),

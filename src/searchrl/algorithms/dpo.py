@@ -5,6 +5,10 @@
 with log π(a|s) summed over the action's tokens only (the state is context). The reference is the
 policy with its adapter disabled under LoRA, a frozen copy otherwise; its log-probabilities are computed
 once per step, before the update. Data: ``process_data.out`` (`searchrl collect-process-data`).
+
+``rpo_alpha`` > 0 adds α times the chosen action's per-token NLL to each pair's loss (RPO, Pang et al.
+2024; TRL's ``rpo_alpha``, which averages over the batch's chosen tokens rather than per action): plain
+DPO can lower the likelihood of the chosen actions too, and on our small models it does.
 """
 
 from __future__ import annotations
@@ -23,16 +27,23 @@ from searchrl.types import RolloutBatch
 class DPOConfig:
     beta: float = 0.1
     label_smoothing: float = 0.0  # conservative DPO (0: the plain sigmoid loss)
+    rpo_alpha: float = 0.0  # weight of the chosen action's per-token NLL (0: plain DPO)
     loss_agg: Literal["seq-mean-token-sum"] = "seq-mean-token-sum"  # the pair loss is placed per row
 
 
 def dpo_loss(pol_c: torch.Tensor, pol_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, beta: float,
-             label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Per-pair sigmoid DPO loss and the margin β·Δ, from sequence log-probabilities."""
+             label_smoothing: float = 0.0, rpo_alpha: float = 0.0, chosen_tokens: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Per-pair sigmoid DPO loss and the margin β·Δ, from sequence log-probabilities; with ``rpo_alpha``,
+    plus α · (−log π(a⁺|s) / ``chosen_tokens``)."""
     logits = (pol_c - ref_c) - (pol_r - ref_r)
     loss = (
         -F.logsigmoid(beta * logits) * (1 - label_smoothing) - F.logsigmoid(-beta * logits) * label_smoothing
     )
+    if rpo_alpha:
+        if chosen_tokens is None:
+            raise ValueError("rpo_alpha needs the chosen actions' token counts")
+        loss = loss - rpo_alpha * pol_c / chosen_tokens.clamp(min=1)
     return loss, beta * logits
 
 
@@ -48,8 +59,12 @@ class DPO(PairwiseAlgorithm):
         c, r = pair_split(mb)
         seq = (logp * mb.loss_mask).sum(-1)
         ref = (mb.extras["ref_logp"] * mb.loss_mask).sum(-1)
-        loss, margin = dpo_loss(seq[c], seq[r], ref[c], ref[r], self.cfg.beta, self.cfg.label_smoothing)
+        n_c = mb.loss_mask[c].sum(-1)
+        loss, margin = dpo_loss(seq[c], seq[r], ref[c], ref[r], self.cfg.beta, self.cfg.label_smoothing,
+                                self.cfg.rpo_alpha, n_c)  # fmt: skip
+        nll = -seq[c] / n_c.clamp(min=1)
         placed = place_pair_loss(loss, c, r, mb.loss_mask)
         metrics = {"dpo_margin": place_pair_loss(margin.detach(), c, r, mb.loss_mask),
-                   "dpo_accuracy": place_pair_loss((margin > 0).float(), c, r, mb.loss_mask)}  # fmt: skip
+                   "dpo_accuracy": place_pair_loss((margin > 0).float(), c, r, mb.loss_mask),
+                   "dpo_chosen_nll": place_pair_loss(nll.detach(), c, r, mb.loss_mask)}  # fmt: skip
         return placed, metrics

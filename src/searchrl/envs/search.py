@@ -10,6 +10,7 @@ which restart from a prefix.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from searchrl.data.corpus import Doc
@@ -21,8 +22,10 @@ INVALID_FEEDBACK = (
     "\nMy previous action is invalid. If I want to search, I should put the query between {so} and {sc}. "
     "If I want to give the final answer, I should put the answer between {ao} and {ac}. Let me try again.\n"
 )
-# Agent designs (RAG-Gym Appendix C) over this environment; see `SearchEnv.reset`.
-AGENTS = ("react", "direct", "rag")
+# Agent designs (RAG-Gym Appendix C and §3) over this environment; see `SearchEnv.reset`.
+AGENTS = ("react", "direct", "rag", "research")
+# Designs whose state is re-rendered at every step rather than grown by appending (`SearchEnv.render`).
+RERENDERED_AGENTS = ("research",)
 # Error codes recorded in StepInfo.error
 ERRORS = ("no_action", "unclosed_tag", "empty_query", "query_too_long", "multiple_answers",
           "text_after_answer", "missing_boxed", "empty_answer")  # fmt: skip
@@ -87,12 +90,18 @@ class SearchEnv:
         on_budget: str = "force_answer",
         doc_max_words: int | None = None,
         agent: str = "react",
+        summarizer: Callable[[Sequence[tuple[str, str, Sequence[Doc]]]], list[str]] | None = None,
     ) -> None:
         if on_budget not in ("force_answer", "end"):
             raise ValueError(f"on_budget must be 'force_answer' or 'end', got {on_budget!r}")
         if agent not in AGENTS:
             raise ValueError(f"agent must be one of {', '.join(AGENTS)}, got {agent!r}")
         self.agent = agent
+        if summarizer is None and agent == "research":
+            from searchrl.envs.summarize import ExtractiveSummarizer
+
+            summarizer = ExtractiveSummarizer()
+        self.summarizer = summarizer
         self.retriever = retriever
         self.tags = TAGSETS[tags] if isinstance(tags, str) else tags
         self.template = TEMPLATES.get(template, template)
@@ -101,11 +110,13 @@ class SearchEnv:
 
     # ------------------------------------------------------------------ episodes
     def reset(self, example: Example) -> EnvState:
-        """A new episode. The agent design shapes its start (RAG-Gym Appendix C): ``react`` reasons and
+        """A new episode. The agent design shapes it (RAG-Gym Appendix C, §3): ``react`` reasons and
         searches in turns; ``direct`` answers at once (the prompt ends with the opened answer tag);
-        ``rag`` retrieves with the question itself, shows those documents, then answers at once."""
+        ``rag`` retrieves with the question itself, shows those documents, then answers at once;
+        ``research`` searches in turns like ``react``, but its state is the question and the (query,
+        summary) pairs of its searches so far, re-rendered at every step (see `render`)."""
         prompt = self.template.format(question=example.question)
-        if self.agent == "react":
+        if self.agent in ("react", "research"):
             return EnvState(example=example, prompt=prompt)
         if self.agent == "rag":
             [docs] = self.retriever.search([example.question], self.topk)
@@ -122,18 +133,22 @@ class SearchEnv:
         eos = eos or [False] * len(states)
         parsed = [self.parse(a, forced=s.force_answer) for s, a in zip(states, actions)]
         queries = [p.query or "" for p in parsed if p.kind == "search" and p.valid]
-        results = iter(self.retriever.search(queries, self.topk) if queries else [])
+        results = list(self.retriever.search(queries, self.topk) if queries else [])
+        summaries = iter(self._summaries(states, parsed, results))
+        found = iter(results)
         out = []
         for state, action, info, ended in zip(states, actions, parsed, eos):
             if state.done:
                 raise ValueError(f"episode {state.example.id} is already done; reset it before stepping")
             docs: list[Doc] = []
+            body = ""
             if info.kind == "search" and info.valid:
-                docs = next(results)
+                docs = next(found)
+                body = next(summaries) if self.summarizer is not None else self.format_docs(docs)
                 info = StepInfo(
                     kind="search", valid=True, query=info.query, doc_ids=tuple(d.id for d in docs)
                 )
-            obs, done, reason = self._observe(state, info, docs, ended)
+            obs, done, reason = self._observe(state, info, body, ended)
             state.actions.append(action)
             state.observations.append(obs)
             state.infos.append(info)
@@ -143,8 +158,21 @@ class SearchEnv:
             out.append((obs, done, info))
         return out
 
+    def _summaries(
+        self, states: list[EnvState], parsed: list[StepInfo], results: list[list[Doc]]
+    ) -> list[str]:
+        """One summary per valid search, in order (the ReSearch agent's m_t, eq. 8)."""
+        if self.summarizer is None or not results:
+            return []
+        searched = [(s.example.question, p.query or "") for s, p in zip(states, parsed)
+                    if p.kind == "search" and p.valid]  # fmt: skip
+        out = self.summarizer([(q, query, docs) for (q, query), docs in zip(searched, results)])
+        if len(out) != len(results):
+            raise RuntimeError(f"the summarizer returned {len(out)} summaries for {len(results)} searches")
+        return out
+
     def _observe(
-        self, state: EnvState, info: StepInfo, docs: list[Doc], ended: bool
+        self, state: EnvState, info: StepInfo, body: str, ended: bool
     ) -> tuple[str, bool, str | None]:
         t = self.tags
         if info.kind == "answer":
@@ -152,7 +180,7 @@ class SearchEnv:
         if ended:  # EOS (or the length cap) without an answer: nothing more will be generated
             return "", True, "eos"
         if info.kind == "search" and info.valid:
-            obs = f"\n\n{t.info_open}{self.format_docs(docs)}{t.info_close}\n\n"
+            obs = f"\n\n{t.info_open}{body}{t.info_close}\n\n"
         else:
             obs = INVALID_FEEDBACK.format(
                 so=t.search_open, sc=t.search_close, ao=t.answer_open, ac=t.answer_close
@@ -162,6 +190,38 @@ class SearchEnv:
                 return obs, True, "budget"
             return obs + t.answer_open, False, None
         return obs, False, None
+
+    # ------------------------------------------------------------------ state as text
+    @property
+    def append_only(self) -> bool:
+        """Whether the state text only grows (prompt, action, observation, ...): one token sequence per
+        episode, as the online algorithms need. False for re-rendered designs (``research``)."""
+        return self.agent not in RERENDERED_AGENTS
+
+    def render(self, state: EnvState) -> str:
+        """The text the policy conditions on for its next action. Append-only designs: the prompt then
+        every action and observation. ``research`` (RAG-Gym §3): the prompt, then each valid search as
+        its query and summary, H'_t of eq. 8 — the agent's earlier reasoning and any invalid actions are
+        not part of the state — and the opened answer tag once the turn budget forces an answer."""
+        if self.append_only:
+            return state.text()
+        t = self.tags
+        parts = [state.prompt]
+        for info, obs in zip(state.infos, state.observations):
+            if info.kind == "search" and info.valid:
+                parts.append(
+                    f"{t.search_open} {info.query} {t.search_close}{obs.removesuffix(t.answer_open)}"
+                )
+        if state.force_answer:
+            parts.append(t.answer_open)
+        return "".join(parts)
+
+    def pieces(self, state: EnvState) -> tuple[str, list[str], list[str]]:
+        """The state as (prompt, actions, observations) text pieces, the form datasets store: the episode's
+        own pieces for append-only designs, the rendered state as one prompt otherwise."""
+        if self.append_only:
+            return state.prompt, list(state.actions), list(state.observations)
+        return self.render(state), [], []
 
     def format_docs(self, docs: list[Doc]) -> str:
         lines = []

@@ -46,7 +46,7 @@ class JudgeItem:
     def of(cls, prefix: Any, candidate: Any) -> JudgeItem:
         """The item for ``candidate`` (a `Trajectory` one step past ``prefix``)."""
         ep = candidate.episode
-        return cls(prefix.episode, ep.actions[-1], candidate.steps[-1].info, tuple(ep.retrieved[-1]))
+        return cls(prefix.episode, ep.actions[-1], ep.infos[-1], tuple(ep.retrieved[-1]))
 
 
 @dataclass(frozen=True)

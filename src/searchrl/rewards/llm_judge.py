@@ -125,6 +125,21 @@ class OpenAIChatClient:
             return list(pool.map(lambda m: self._one(m, max_tokens, temperature), conversations))
 
 
+def chat_client(backend: str, model: str, url: str, api_key_env: str | None, timeout: float, retries: int,
+                workers: int, key: str) -> Any:  # fmt: skip
+    """A batched chat client: an OpenAI-compatible server (``openai``) or a local model directory (``hf``).
+    ``key`` names the config section in errors."""
+    if backend not in ("hf", "openai"):
+        raise ValueError(f"{key}.backend must be 'hf' or 'openai', got {backend!r}")
+    if not model:
+        raise ValueError(f"{key}.model is required: a local model directory (hf) or a model name (openai)")
+    if backend == "openai":
+        return OpenAIChatClient(url, model, api_key_env, timeout, retries, workers)
+    from searchrl.models.chat import LocalChat
+
+    return _LocalClient(LocalChat.load(model))
+
+
 class LLMJudge:
     def __init__(
         self,
@@ -139,20 +154,8 @@ class LLMJudge:
         workers: int = 8,
         max_context_chars: int = 6000,
     ) -> None:
-        if backend not in ("hf", "openai"):
-            raise ValueError(f"judge_args.backend must be 'hf' or 'openai', got {backend!r}")
-        if not model:
-            raise ValueError(
-                "judge_args.model is required: a local model directory (hf) or a model name (openai)"
-            )
         self.max_tokens, self.temperature, self.max_context = max_tokens, temperature, max_context_chars
-        self.client: Any
-        if backend == "openai":
-            self.client = OpenAIChatClient(url, model, api_key_env, timeout, retries, workers)
-        else:
-            from searchrl.models.chat import LocalChat
-
-            self.client = _LocalClient(LocalChat.load(model))
+        self.client = chat_client(backend, model, url, api_key_env, timeout, retries, workers, "judge_args")
 
     def __call__(self, items: Sequence[JudgeItem]) -> list[JudgeScores]:
         requests: list[tuple[int, str, str]] = []  # (item, part, prompt)

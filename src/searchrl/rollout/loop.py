@@ -4,7 +4,8 @@ Each round generates the next action for every live episode in one batch, steps 
 of them at once (one batched retrieval), tokenizes each observation once and appends it. Model output is
 decoded only to be parsed; its token ids are kept as sampled (DESIGN §4.1). Episodes can start fresh (G
 samples per question, GRPO/PPO) or from recorded prefixes, generating k candidates of just the next step
-(SLATE, RAG-Gym).
+(SLATE, RAG-Gym). For a re-rendered agent design (``research``, `SearchEnv.append_only` False) each turn
+starts from the rendered state instead; its trajectory then holds only the latest (state, action).
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def run(
             for i, t in enumerate(trajs):
                 if t.state is None or t.state.done or (max_steps is not None and taken[i] >= max_steps):
                     continue
+                if not env.append_only:  # a re-rendered state (RAG-Gym ReSearch): the context restarts
+                    t.segments, t.steps = [Segment("prompt", encode(tokenizer, env.render(t.state)))], []
                 if len(t) >= max_total_tokens - 1:
                     t.state.done, t.finish_reason = True, "length"
                     continue
@@ -122,7 +125,7 @@ def run(
                 if g.token_ids:  # an empty generation (never from our backends) has no tokens to train on
                     t.segments.append(Segment("action", g.token_ids, g.logprobs))
                     t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t) - 1, info=info))
-                if obs:
+                if obs and env.append_only:
                     t.segments.append(Segment("observation", encode(tokenizer, obs)))
                 stats.tokens_generated += len(g.token_ids)
                 t.state.generated_tokens += len(g.token_ids)  # type: ignore[union-attr]
@@ -173,9 +176,11 @@ def expand(
 ) -> list[list[Trajectory]]:
     """``k`` candidate next steps from each live prefix (`branch` + one step of `run`), run through the
     environment. Group g holds prefix g's candidates that generated an action; it is empty when the
-    prefix had no room left (length budget)."""
+    prefix had no room left (length budget). A candidate's last step is its new action, its segments
+    before that step the state it was generated from."""
     kids = branch(prefixes, k)
     run(kids, env, generator, tokenizer, params, max_total_tokens, max_steps=1, stats=stats)
     return [
-        [c for c in kids[g * k : (g + 1) * k] if len(c.steps) > len(p.steps)] for g, p in enumerate(prefixes)
+        [c for c in kids[g * k : (g + 1) * k] if c.episode.generated_tokens > p.episode.generated_tokens]
+        for g, p in enumerate(prefixes)
     ]

@@ -1,0 +1,167 @@
+"""RAG-Gym's ReSearch agent design: summaries of each search, the re-rendered state (eq. 8), the rollout
+loop restarting from it, process data and best-of-N over it, and the configuration guard."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from searchrl.data.corpus import Doc
+from searchrl.data.example import Example
+from searchrl.envs.search import SearchEnv
+from searchrl.envs.summarize import NO_ANSWER, ExtractiveSummarizer, LLMSummarizer
+from searchrl.errors import ConfigError
+from searchrl.rollout.generator import SamplingParams
+from searchrl.rollout.loop import encode, rollout
+from tests.helpers import ScriptedCandidates
+
+DOC = Doc(id="d1", title="Graitrekin", text="Graitrekin is a well-known singer. The birthplace of Graitrekin is "
+          "Grouthzeis. Graitrekin founded Bithruium.")  # fmt: skip
+
+
+class OneDoc:
+    def search(self, queries, k):
+        return [[DOC] for _ in queries]
+
+
+EX = Example(id="q1", question="Where was Graitrekin born?", answers=("Grouthzeis",))
+
+
+def test_extractive_summary_is_the_sentences_sharing_most_words_with_the_query():
+    assert (
+        ExtractiveSummarizer(1).one("Graitrekin birthplace", [DOC])
+        == "The birthplace of Graitrekin is Grouthzeis."
+    )
+    # stems: "founder" meets "founded"; two sentences come back in document order
+    two = ExtractiveSummarizer(2).one("Graitrekin founder", [DOC])
+    assert two == "Graitrekin is a well-known singer. Graitrekin founded Bithruium."
+    assert ExtractiveSummarizer().one("zzz qqq", [DOC]) == NO_ANSWER
+    with pytest.raises(ValueError, match="max_sentences"):
+        ExtractiveSummarizer(0)
+
+
+def test_research_state_is_the_question_and_query_summary_pairs():
+    env = SearchEnv(OneDoc(), template="short", topk=1, max_turns=3, agent="research")
+    s = env.reset(EX)
+    assert env.render(s) == s.prompt == "Question: Where was Graitrekin born?\n"
+    obs, done, info = env.step(
+        s, "<think> find the birthplace </think>\n<search> Graitrekin birthplace </search>"
+    )
+    assert info.valid and info.doc_ids == ("d1",) and not done
+    assert "founded Bithruium" not in obs and "Grouthzeis" in obs  # the summary, not the document
+    env.step(s, "no tags at all")  # invalid: it costs a turn but is not part of the state
+    obs, done, _ = env.step(s, "<think> again </think><search> Graitrekin founder </search>")
+    assert obs.endswith("<answer>") and not done  # the third turn used the budget: the answer is forced
+    text = env.render(s)
+    assert text == (
+        "Question: Where was Graitrekin born?\n"
+        "<search> Graitrekin birthplace </search>\n\n<information>Graitrekin is a well-known singer. "
+        "The birthplace of Graitrekin is Grouthzeis.</information>\n\n"
+        "<search> Graitrekin founder </search>\n\n<information>Graitrekin is a well-known singer. "
+        "Graitrekin founded Bithruium.</information>\n\n<answer>"
+    )
+    assert "find the birthplace" not in text and "no tags" not in text  # earlier reasoning is dropped
+    assert env.pieces(s) == (text, [], [])
+    react = SearchEnv(OneDoc(), template="short", topk=1, agent="react")
+    r = react.reset(EX)
+    react.step(r, "<search> Graitrekin birthplace </search>")
+    assert react.render(r) == r.text() and react.pieces(r) == (r.prompt, r.actions, r.observations)
+    assert "Graitrekin founded Bithruium" in r.observations[0]  # react sees the whole document
+
+
+def test_a_summarizer_on_react_summarises_its_observations():  # Search-o1's design
+    env = SearchEnv(OneDoc(), template="short", topk=1, summarizer=ExtractiveSummarizer(1))
+    s = env.reset(EX)
+    obs, _, _ = env.step(s, "<search> Graitrekin birthplace </search>")
+    assert obs == "\n\n<information>The birthplace of Graitrekin is Grouthzeis.</information>\n\n"
+    assert env.append_only and env.render(s) == s.text()
+
+
+def test_the_rollout_loop_restarts_each_turn_from_the_rendered_state(tiny_model_dir):
+    from searchrl.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    env = SearchEnv(OneDoc(), template="short", topk=1, max_turns=3, agent="research")
+    search = "<think> who </think>\n<search> Graitrekin birthplace </search>"
+    answer = "<think> so </think>\n<answer> Grouthzeis </answer>"
+    gen = ScriptedCandidates(tok, [[search], [answer]])
+    [t], stats = rollout([EX], env, gen, tok, SamplingParams(1.0, 1.0, 32))
+    st = t.episode
+    assert st.actions == [search, answer] and st.answer == "Grouthzeis" and stats.episodes == 1
+    rendered = env.render(env.replay(EX, st.actions[:1], st.observations[:1]))
+    assert "who" not in rendered
+    assert gen.prompts[1] == [encode(tok, rendered)]  # turn 2 saw the re-rendered state, not the transcript
+    # the trajectory holds the last (state, action): what best-of-N scores and SFT would train on
+    assert [s.kind for s in t.segments] == ["prompt", "action"] and t.segments[0].token_ids == encode(
+        tok, rendered
+    )
+    assert len(t.steps) == 1 and t.steps[0].segment == 1
+
+
+def test_process_data_of_the_research_agent_is_one_record_per_step(tiny_model_dir, make_exp):
+    from searchrl.models import load_model_and_tokenizer
+    from searchrl.process_data import collect
+
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    env = SearchEnv(OneDoc(), template="short", topk=1, max_turns=3, agent="research")
+    ex = Example(id="q1", question=EX.question, answers=EX.answers, hops=())
+    good = "<think> a </think>\n<search> Graitrekin birthplace </search>"
+    bad = "<think> a </think>\n<answer> nobody </answer>"
+    right = "<think> b </think>\n<answer> Grouthzeis </answer>"
+
+    def annotate(items):  # the executed candidates score 1, the others -1
+        return [1.0 if it.action in (good, right) else -1.0 for it in items]
+
+    import searchrl.process_data as pd
+
+    exp = make_exp("process_data={n: 2, chosen_min: 1.0, rejected_max: -1.0}")
+    rt = SimpleNamespace(exp=exp, env=lambda: env, examples=lambda split: [ex])
+    orig = pd.ANNOTATORS
+    pd.ANNOTATORS = SimpleNamespace(get=lambda name: lambda **kw: annotate)
+    try:
+        pairs, records, summary = collect(
+            rt, ScriptedCandidates(tok, [[good, bad], [right, bad]]), tok, progress=False
+        )
+    finally:
+        pd.ANNOTATORS = orig
+    assert summary["kept_episodes"] == 1 and len(records) == 2 and len(pairs) == 2
+    step2 = "Question: Where was Graitrekin born?\n<search> Graitrekin birthplace </search>"
+    assert records[0]["prompt"] == "Question: Where was Graitrekin born?\n" and records[0]["actions"] == [
+        good
+    ]
+    assert records[1]["prompt"].startswith(step2) and records[1]["actions"] == [right]
+    assert records[1]["observations"] == [""] and "<think> a" not in records[1]["prompt"]
+    assert [(p["prompt"], p["actions"], p["chosen"], p["rejected"]) for p in pairs] == [
+        (records[0]["prompt"], [], good, bad), (records[1]["prompt"], [], right, bad)]  # fmt: skip
+
+
+def test_online_algorithms_refuse_the_research_agent_but_collection_accepts_it():
+    from searchrl.config import check_arguments, load_experiment
+
+    exp = load_experiment(None, ["env.agent=research", "algorithm={name: grpo}"])
+    with pytest.raises(ConfigError, match="key 'env.agent'") as e:
+        check_arguments(exp, "x.yaml")
+    assert "re-renders its state" in str(e.value) and "react" in str(e.value)
+    check_arguments(exp, "x.yaml", training=False)
+    check_arguments(load_experiment(None, ["env.agent=research", "algorithm={name: dpo}"]), "x.yaml")
+    with pytest.raises(ConfigError, match="env.summarizer.name"):
+        load_experiment(None, ["env.summarizer={name: abstractive}"])
+
+
+def test_llm_summarizer_sends_figure_7_and_falls_back_when_a_request_fails(monkeypatch):
+    with pytest.raises(ValueError, match="env.summarizer.model is required"):
+        LLMSummarizer()
+    sent = []
+
+    class Client:
+        def complete(self, convs, max_tokens, temperature):
+            sent.extend(convs)
+            return ["  Grouthzeis,\n per Doc 1. ", None]
+
+    import searchrl.rewards.llm_judge as lj
+
+    monkeypatch.setattr(lj, "chat_client", lambda *a: Client())
+    out = LLMSummarizer(model="m")([(EX.question, "Graitrekin birthplace", [DOC]), (EX.question, "x", [])])
+    assert out == ["Grouthzeis, per Doc 1.", NO_ANSWER]
+    prompt = sent[0][0]["content"]
+    assert "### Follow-up Query\nGraitrekin birthplace" in prompt and "Doc 1(Title: Graitrekin)" in prompt
+    assert f"Original question: {EX.question}" in prompt and "explicitly point this out" in prompt
