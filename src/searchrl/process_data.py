@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from searchrl.answers import exact_match
+from searchrl.envs.search import RERENDERED_AGENTS
 from searchrl.envs.synthetic.teacher import trajectory_record
 from searchrl.rewards.judges import ANNOTATORS, JudgeItem
 from searchrl.rollout.generator import SamplingParams
@@ -114,7 +115,9 @@ def save(out: Path, pairs: list[dict[str, Any]], records: list[dict[str, Any]], 
     Dataset.from_list(records).save_to_disk(str(out / "sft"))
     cfg = exp.process_data
     rerendered = (
-        "" if exp.env.agent != "research" else " (state re-rendered each step: one SFT record per step)"
+        " (state re-rendered each step: one SFT record per step)"
+        if exp.env.agent in RERENDERED_AGENTS
+        else ""
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "README.md").write_text(f"""# RAG-Gym process data: {exp.name}
