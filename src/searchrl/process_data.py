@@ -27,7 +27,7 @@ import torch
 
 from searchrl.answers import exact_match
 from searchrl.envs.search import RERENDERED_AGENTS
-from searchrl.envs.synthetic.teacher import trajectory_record
+from searchrl.envs.synthetic.teacher import step_records, trajectory_record
 from searchrl.rewards.judges import ANNOTATORS, JudgeItem
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
@@ -44,19 +44,6 @@ def step_pairs(env: Any, state: Any, candidates: list[tuple[str, float]], chosen
              "actions": actions, "observations": observations, "step": len(state.actions),
              "chosen": a, "rejected": b, "chosen_score": sa, "rejected_score": sb}
             for a, sa in good for b, sb in bad]  # fmt: skip
-
-
-def sft_records(env: Any, final: Any, states: list[Any]) -> list[dict[str, Any]]:
-    """SFT records of a kept episode (``final``) whose step states were ``states``: the episode itself for
-    append-only designs; one record per step — rendered state, chosen action — for re-rendered ones."""
-    if env.append_only:
-        return [trajectory_record(final)]
-    out = []
-    for state in states:
-        rec = trajectory_record(final)
-        rec.update(prompt=env.render(state), actions=[final.actions[len(state.actions)]], observations=[""])
-        out.append(rec)
-    return out
 
 
 def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progress: bool = True
@@ -96,7 +83,8 @@ def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progres
         for q, p in enumerate(prefixes):
             if p.answer is not None and exact_match(p.answer, p.example.answers):  # keep correct episodes
                 kept += 1
-                records += sft_records(env, p.episode, [state for state, _ in ranked[q]])
+                rec = trajectory_record(p.episode)
+                records += [rec] if env.append_only else step_records(env, rec)
                 for state, cands in ranked[q]:
                     pairs += step_pairs(env, state, cands, cfg.chosen_min, cfg.rejected_max)
         bar.update(len(chunk))

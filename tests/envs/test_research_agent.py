@@ -165,3 +165,23 @@ def test_llm_summarizer_sends_figure_7_and_falls_back_when_a_request_fails(monke
     prompt = sent[0][0]["content"]
     assert "### Follow-up Query\nGraitrekin birthplace" in prompt and "Doc 1(Title: Graitrekin)" in prompt
     assert f"Original question: {EX.question}" in prompt and "explicitly point this out" in prompt
+
+
+def test_teacher_records_for_the_research_agent_are_the_states_it_sees(small_world, world_bm25):
+    from searchrl.envs.synthetic.teacher import TeacherConfig, run_teacher, teacher_records
+
+    env = SearchEnv(world_bm25, template="short", topk=1, max_turns=5, agent="research")
+    exs = small_world.examples("train")[:6]
+    cfg = TeacherConfig(noisy=False, rename_prob=0.0)
+    recs = teacher_records(env, small_world, exs, cfg)
+    live = []
+    for st in run_teacher(env, exs, cfg):  # the same episodes stepped live: retrieval and summaries again
+        s = env.reset(st.example)
+        for a in st.actions:
+            live.append((env.render(s), a))
+            env.step(s, a)
+    assert [(r["prompt"], *r["actions"]) for r in recs] == live
+    assert any("<information>" in p for p, _ in live) and all(r["observations"] == [""] for r in recs)
+    renamed = teacher_records(env, small_world, exs, TeacherConfig(noisy=False, rename_prob=1.0))
+    assert all(r["prompt"].startswith(f"Question: {r['question']}") for r in renamed)
+    assert {r["question"] for r in renamed}.isdisjoint(ex.question for ex in exs)

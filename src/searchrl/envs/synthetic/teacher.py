@@ -177,4 +177,17 @@ def teacher_records(
 ) -> list[dict[str, Any]]:
     states = run_teacher(env, examples, config)
     rng = random.Random(config.seed + 7)
-    return [trajectory_record(s, world, rename=rng.random() < config.rename_prob, rng=rng) for s in states]
+    recs = [trajectory_record(s, world, rename=rng.random() < config.rename_prob, rng=rng) for s in states]
+    return recs if env.append_only else [r for rec in recs for r in step_records(env, rec)]
+
+
+def step_records(env: SearchEnv, rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """An episode record as one record per step for a re-rendered agent design (RAG-Gym ReSearch): the
+    state before each action, rendered by ``env`` from the record's own (possibly renamed) texts, as the
+    prompt, and that action alone. Nothing is retrieved again."""
+    ex = Example(id=rec["id"], question=rec["question"], answers=tuple(rec["answers"]))
+    out = []
+    for i, action in enumerate(rec["actions"]):
+        state = env.replay(ex, rec["actions"][:i], rec["observations"][:i])
+        out.append({**rec, "prompt": env.render(state), "actions": [action], "observations": [""], "step": i})
+    return out
