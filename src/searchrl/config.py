@@ -378,6 +378,14 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 "process reward", file=source, key="rewards", value=[s.name for s in exp.rewards],
                 choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
                 hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only")  # fmt: skip
+    if exp.env.summarizer is not None:
+        from searchrl.envs.summarize import SUMMARIZERS
+
+        params = inspect.signature(SUMMARIZERS.get(exp.env.summarizer.name)).parameters
+        for arg in exp.env.summarizer.args:
+            if arg not in params:
+                raise ConfigError(f"summarizer '{exp.env.summarizer.name}' has no argument '{arg}'", file=source,
+                                  key=f"env.summarizer.args.{arg}", value=arg, choices=list(params))  # fmt: skip
     for i, spec in enumerate(exp.rewards):
         params = inspect.signature(REWARDS.get(spec.name)).parameters
         allowed = [

@@ -145,6 +145,12 @@ def test_online_algorithms_refuse_the_research_agent_but_collection_accepts_it()
     check_arguments(load_experiment(None, ["env.agent=research", "algorithm={name: dpo}"]), "x.yaml")
     with pytest.raises(ConfigError, match="env.summarizer.name"):
         load_experiment(None, ["env.summarizer={name: abstractive}"])
+    bad = load_experiment(
+        None, ["env.agent=research", "env.summarizer={name: extract, args: {sentences: 2}}"]
+    )
+    with pytest.raises(ConfigError, match="key 'env.summarizer.args.sentences'") as e:
+        check_arguments(bad, "x.yaml")
+    assert "max_sentences" in str(e.value)
 
 
 def test_llm_summarizer_sends_figure_7_and_falls_back_when_a_request_fails(monkeypatch):

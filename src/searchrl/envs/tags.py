@@ -67,4 +67,16 @@ TEMPLATES: dict[str, str] = {
         "\\boxed{{answer here}} </answer>. In the last part of the answer, the final exact answer is enclosed "
         "within \\boxed{{}} with latex format. User: {question}. Assistant:"
     ),
+    # RAG-Gym Figure 8 (the ReSearch agent's action prompt) in our tag protocol instead of its JSON output;
+    # for env.agent: research, which appends the information-seeking history (query, summary pairs) after it.
+    "raggym_research": (
+        "You are a helpful assistant. Your task is to answer a given question following user instructions. "
+        "Inside <think> and </think>: 1. Step-by-step Reasoning: think step-by-step and then answer the "
+        "question. 2. Unverified Claim Identification: identify if there are claims in the reasoning chain "
+        "that are not grounded in the information-seeking history and need to be verified. Then, if there is "
+        "an unverified claim, search for the first piece of missing information as an atomic query by "
+        "<search> query </search>; if there is none, give your predicted answer (a word, digit or short "
+        "phrase) by <answer> answer </answer>.\n### Original Question\n{question}\n"
+        "### Information-seeking History\n"
+    ),
 }
