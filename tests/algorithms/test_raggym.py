@@ -57,7 +57,7 @@ def test_rpo_term_equals_trl_dpo_plus_its_sft_loss(alpha):
     chosen, rejected = -torch.rand(4, 7, generator=g) * 3, -torch.rand(4, 7, generator=g) * 3
     ref_c, ref_r = -torch.rand(4, generator=g) * 10, -torch.rand(4, generator=g) * 10
     ours, _ = dpo_loss(chosen.sum(1), rejected.sum(1), ref_c, ref_r, 0.1, rpo_alpha=alpha,
-                       chosen_tokens=torch.full((4,), 7.0))  # fmt: skip
+                       chosen_nll=-chosen.mean(1))  # fmt: skip
     theirs = trl_sigmoid_dpo(chosen, rejected, ref_c, ref_r, 0.1, ("sigmoid", "sft"), (1.0, alpha))
     assert float(ours.mean()) == pytest.approx(float(theirs), rel=1e-6)
     plain, _ = dpo_loss(chosen.sum(1), rejected.sum(1), ref_c, ref_r, 0.1)

@@ -32,18 +32,18 @@ class DPOConfig:
 
 
 def dpo_loss(pol_c: torch.Tensor, pol_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, beta: float,
-             label_smoothing: float = 0.0, rpo_alpha: float = 0.0, chosen_tokens: torch.Tensor | None = None
+             label_smoothing: float = 0.0, rpo_alpha: float = 0.0, chosen_nll: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Per-pair sigmoid DPO loss and the margin β·Δ, from sequence log-probabilities; with ``rpo_alpha``,
-    plus α · (−log π(a⁺|s) / ``chosen_tokens``)."""
+    plus α · ``chosen_nll`` (the chosen action's per-token NLL)."""
     logits = (pol_c - ref_c) - (pol_r - ref_r)
     loss = (
         -F.logsigmoid(beta * logits) * (1 - label_smoothing) - F.logsigmoid(-beta * logits) * label_smoothing
     )
     if rpo_alpha:
-        if chosen_tokens is None:
-            raise ValueError("rpo_alpha needs the chosen actions' token counts")
-        loss = loss - rpo_alpha * pol_c / chosen_tokens.clamp(min=1)
+        if chosen_nll is None:
+            raise ValueError("rpo_alpha needs the chosen actions' per-token NLL")
+        loss = loss + rpo_alpha * chosen_nll
     return loss, beta * logits
 
 
@@ -59,10 +59,9 @@ class DPO(PairwiseAlgorithm):
         c, r = pair_split(mb)
         seq = (logp * mb.loss_mask).sum(-1)
         ref = (mb.extras["ref_logp"] * mb.loss_mask).sum(-1)
-        n_c = mb.loss_mask[c].sum(-1)
+        nll = -seq[c] / mb.loss_mask[c].sum(-1).clamp(min=1)
         loss, margin = dpo_loss(seq[c], seq[r], ref[c], ref[r], self.cfg.beta, self.cfg.label_smoothing,
-                                self.cfg.rpo_alpha, n_c)  # fmt: skip
-        nll = -seq[c] / n_c.clamp(min=1)
+                                self.cfg.rpo_alpha, nll)  # fmt: skip
         placed = place_pair_loss(loss, c, r, mb.loss_mask)
         metrics = {"dpo_margin": place_pair_loss(margin.detach(), c, r, mb.loss_mask),
                    "dpo_accuracy": place_pair_loss((margin > 0).float(), c, r, mb.loss_mask),

@@ -31,6 +31,15 @@ ERRORS = ("no_action", "unclosed_tag", "empty_query", "query_too_long", "multipl
           "text_after_answer", "missing_boxed", "empty_answer")  # fmt: skip
 
 
+def format_docs(docs: Sequence[Doc], max_words: int | None = None) -> str:
+    """Documents as the agent (or a summarizer) reads them: ``Doc i(Title: t) text``, one per line."""
+    lines = []
+    for i, d in enumerate(docs, 1):
+        text = d.text if max_words is None else " ".join(d.text.split()[:max_words])
+        lines.append(f"Doc {i}(Title: {d.title}) {text}")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class StepInfo:
     kind: str  # "search" | "answer" | "invalid"
@@ -223,14 +232,8 @@ class SearchEnv:
             return state.prompt, list(state.actions), list(state.observations)
         return self.render(state), [], []
 
-    def format_docs(self, docs: list[Doc]) -> str:
-        lines = []
-        for i, d in enumerate(docs, 1):
-            text = d.text
-            if self.doc_max_words is not None:
-                text = " ".join(text.split()[: self.doc_max_words])
-            lines.append(f"Doc {i}(Title: {d.title}) {text}")
-        return "\n".join(lines)
+    def format_docs(self, docs: Sequence[Doc]) -> str:
+        return format_docs(docs, self.doc_max_words)
 
     # ------------------------------------------------------------------ parsing
     def parse(self, action: str, forced: bool = False) -> StepInfo:

@@ -84,8 +84,10 @@ class LLMSummarizer:
 
     def __call__(self, items: Sequence[SummaryItem]) -> list[str]:
         convs = []
+        from searchrl.envs.search import format_docs
+
         for question, query, docs in items:
-            text = "\n".join(f"Doc {i}(Title: {d.title}) {d.text}" for i, d in enumerate(docs, 1))
+            text = format_docs(docs)
             prompt = SUMMARY_PROMPT.format(
                 documents=text[: self.max_doc_chars], question=question, query=query
             )

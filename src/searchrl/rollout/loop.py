@@ -98,14 +98,18 @@ def run(
     t0 = time.perf_counter()
     taken = [0] * len(trajs)
     keys = [(id(trajs), i) for i in range(len(trajs))]  # KV-cache keys, valid for this call only
+    rendered: dict[str, list[int]] = {}  # re-rendered states tokenized once (k candidates share one)
     try:
         while True:
             live = []
             for i, t in enumerate(trajs):
                 if t.state is None or t.state.done or (max_steps is not None and taken[i] >= max_steps):
                     continue
-                if not env.append_only:  # a re-rendered state (RAG-Gym ReSearch): the context restarts
-                    t.segments, t.steps = [Segment("prompt", encode(tokenizer, env.render(t.state)))], []
+                if not env.append_only and t.state.actions:  # RAG-Gym ReSearch: restart from the new state
+                    text = env.render(t.state)
+                    if text not in rendered:
+                        rendered[text] = encode(tokenizer, text)
+                    t.segments, t.steps = [Segment("prompt", rendered[text])], []
                 if len(t) >= max_total_tokens - 1:
                     t.state.done, t.finish_reason = True, "length"
                     continue
