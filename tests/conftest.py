@@ -72,3 +72,24 @@ def make_exp(world_dir, tiny_model_dir, tmp_path):
                                       "rollout.group_size=4", "rewards=[{name: f1}]", *overrides])  # fmt: skip
 
     return make
+
+
+@pytest.fixture(scope="session")
+def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
+    """The tiny model after 30 SFT steps on teacher trajectories: it emits the tags, so its episodes take
+    1-3 turns and end in different ways. Tests that need processes whose rollouts differ use it (an
+    untrained model ends every episode in its first turn)."""
+    from searchrl.config import TrainerConfig, load_experiment
+    from searchrl.engine.trainer import Trainer
+    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.runtime import Runtime
+
+    out = tmp_path_factory.mktemp("agent_model")
+    exp = load_experiment(None, [f"data.world_dir={world_dir}", f"model.path={tiny_model_dir}", f"output_dir={out}",
+                                 "env.template=short", "env.topk=2", "env.max_turns=3"])  # fmt: skip
+    rt = Runtime(exp)
+    records = teacher_records(rt.env(), rt.world, rt.examples("train")[:200], TeacherConfig())
+    cfg = TrainerConfig(steps=30, batch_size=16, micro_batch_size=16, lr=1e-2, save_every=10**6)
+    tr = Trainer(algorithm="sft", algorithm_args={}, model_path=tiny_model_dir, cfg=cfg, out_dir=out, runtime=rt,
+                 records=records)  # fmt: skip
+    return tr.run()

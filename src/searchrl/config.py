@@ -197,6 +197,15 @@ class ProcessDataConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-process runs (`accelerate launch`)."""
+
+    # seconds a collective operation may wait for the other processes before the run fails with an error
+    # naming the step and phase (instead of hanging); null: 300 on CPU, 1800 on GPU
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
 class Experiment:
     name: str = "experiment"
     output_dir: str = "runs/{name}"  # {name} is filled in
@@ -212,6 +221,7 @@ class Experiment:
     warm_start: WarmStartConfig | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
     process_data: ProcessDataConfig = field(default_factory=ProcessDataConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     @property
     def out(self) -> Path:

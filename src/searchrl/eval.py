@@ -129,17 +129,6 @@ def run_policy(model_context: Any, tokenizer: Any, env: Any, examples: Sequence[
     return [t.state for t in trajs]  # type: ignore[misc]
 
 
-def evaluate_model_dir(path: str | Path, env: Any, examples: Sequence[Any], **kwargs: Any) -> dict[str, Any]:
-    """Load a saved model (full or LoRA adapter) and evaluate it."""
-    from contextlib import nullcontext
-
-    from searchrl.models.load import load_model_and_tokenizer
-
-    model, tokenizer = load_model_and_tokenizer(path)
-    states = run_policy(lambda: nullcontext(model), tokenizer, env, examples, **kwargs)
-    return episode_metrics(states)
-
-
 def run_best_of_n(policy: Any, tokenizer: Any, scorer: Any, env: Any, examples: Sequence[Any], n: int,
                   temperature: float = 1.0, max_new_tokens: int = 128, max_total_tokens: int = 2048,
                   batch_size: int = 64) -> list[EnvState]:  # fmt: skip

@@ -10,6 +10,7 @@ evaluated as best-of-N guidance of the policy it started from.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,9 @@ def teacher_sft_records(rt: Runtime, passes: int) -> list[dict[str, Any]]:
 
 
 def make_evaluator(rt: Runtime, split: str, limit: int | None) -> Any:
-    """Periodic evaluation inside a Trainer: greedy episodes of the live policy on one process's shard."""
+    """Periodic evaluation inside a Trainer: greedy episodes of the live policy, each process on its shard
+    of the questions. The policy is gathered once for the whole evaluation (under ZeRO-3 every gather is
+    a collective, and shards take different numbers of turns)."""
     from searchrl.eval import episode_metrics, run_policy
 
     examples = rt.examples(split)[:limit]
@@ -49,39 +52,66 @@ def make_evaluator(rt: Runtime, split: str, limit: int | None) -> Any:
     def evaluate(trainer: Any, step: int) -> dict[str, float]:
         eng = trainer.engine
         shard = examples[eng.rank :: eng.world_size]
-        states = run_policy(lambda: eng.for_generation(trainer.policy), trainer.tokenizer, rt.env(), shard,
-                            max_new_tokens=rt.exp.rollout.max_new_tokens,
-                            max_total_tokens=rt.exp.rollout.max_total_tokens)  # fmt: skip
+        with eng.for_generation(trainer.policy) as model:
+            states = run_policy(lambda: nullcontext(model), trainer.tokenizer, rt.env(), shard,
+                                max_new_tokens=rt.exp.rollout.max_new_tokens,
+                                max_total_tokens=rt.exp.rollout.max_total_tokens)  # fmt: skip
         m = episode_metrics(eng.gather_objects(states))
         return {f"eval/{k}": float(v) for k, v in m.items() if isinstance(v, int | float)}
 
     return evaluate
 
 
-def evaluate_final(rt: Runtime, model_dir: Path, name: str) -> dict[str, Any]:
-    from searchrl.eval import evaluate_model_dir, write_results
+def _shard(examples: list[Any], state: Any) -> list[Any]:
+    return examples[state.process_index :: state.num_processes]
+
+
+def _gathered(states: list[Any], state: Any) -> list[Any]:
+    """Every process's episodes, on every process (one collective)."""
+    if state.num_processes <= 1:
+        return states
+    from accelerate.utils import gather_object
+
+    return list(gather_object(states))
+
+
+def evaluate_final(rt: Runtime, model_dir: Path, name: str, state: Any) -> dict[str, Any]:
+    """A saved model on the evaluation split, each process on its shard of the questions; the main
+    process writes the results."""
+    from contextlib import nullcontext
+
+    from searchrl.eval import episode_metrics, run_policy, write_results
+    from searchrl.models.load import load_model_and_tokenizer
 
     e = rt.exp
-    examples = rt.examples(e.eval.split)[: e.eval.limit]
-    m = evaluate_model_dir(model_dir, rt.env(), examples, temperature=e.eval.temperature,
-                           max_new_tokens=e.rollout.max_new_tokens, max_total_tokens=e.rollout.max_total_tokens)  # fmt: skip
-    write_results(e.out / "eval", name, m)
+    model, tokenizer = load_model_and_tokenizer(model_dir, whole=True)
+    shard = _shard(rt.examples(e.eval.split)[: e.eval.limit], state)
+    states = run_policy(lambda: nullcontext(model), tokenizer, rt.env(), shard, e.eval.temperature,
+                        e.rollout.max_new_tokens, e.rollout.max_total_tokens)  # fmt: skip
+    m = episode_metrics(_gathered(states, state))
+    if state.is_main_process:
+        write_results(e.out / "eval", name, m)
     return m
 
 
-def evaluate_best_of_n(rt: Runtime, policy_dir: Path, prm_dir: Path, n: int) -> dict[str, Any]:
-    """The policy guided by the PRM (RAG-Gym Algorithm 1) on the evaluation split."""
+def evaluate_best_of_n(
+    rt: Runtime, policy_dir: Path, prm_dir: Path, n: int, state: Any = None
+) -> dict[str, Any]:
+    """The policy guided by the PRM (RAG-Gym Algorithm 1) on the evaluation split (sharded over the
+    processes of ``state``, when given)."""
     from searchrl.eval import episode_metrics, run_best_of_n, write_results
     from searchrl.models.load import load_model_and_tokenizer
     from searchrl.rewards.prm import PRMScorer
 
     e = rt.exp
-    policy, tok = load_model_and_tokenizer(policy_dir)
-    states = run_best_of_n(policy.eval(), tok, PRMScorer(prm_dir), rt.env(), rt.examples(e.eval.split)[: e.eval.limit],
-                           n, e.eval.best_of_temperature, e.rollout.max_new_tokens, e.rollout.max_total_tokens,
-                           e.rollout.batch_size)  # fmt: skip
-    m = episode_metrics(states)
-    write_results(e.out / "eval", f"prm-best-of-{n}-{e.eval.split}", m)
+    policy, tok = load_model_and_tokenizer(policy_dir, whole=True)
+    examples = rt.examples(e.eval.split)[: e.eval.limit]
+    shard = _shard(examples, state) if state is not None else examples
+    states = run_best_of_n(policy.eval(), tok, PRMScorer(prm_dir), rt.env(), shard, n, e.eval.best_of_temperature,
+                           e.rollout.max_new_tokens, e.rollout.max_total_tokens, e.rollout.batch_size)  # fmt: skip
+    m = episode_metrics(_gathered(states, state) if state is not None else states)
+    if state is None or state.is_main_process:
+        write_results(e.out / "eval", f"prm-best-of-{n}-{e.eval.split}", m)
     return m
 
 
@@ -100,9 +130,9 @@ def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, tr
 
 
 def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
-    from searchrl.engine.engine import distributed_state
+    from searchrl.engine.engine import distributed_state, wait_for_main
 
-    state = distributed_state()
+    state = distributed_state(exp.distributed.timeout)
     if exp.algorithm is None:
         raise ConfigError(
             "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
@@ -130,7 +160,7 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
         local_model_dir(rt)
         if needs_records:
             records = teacher_sft_records(rt, passes)
-    state.wait_for_everyone()
+    wait_for_main(state)
     if needs_records and records is None:  # the other processes read what the main one cached
         records = teacher_sft_records(rt, passes)
     main_records = records if teacher_main else None
@@ -151,12 +181,12 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
     if algo != "prm":  # a PRM is not a policy: it is evaluated guiding the start policy below
         stages[algo if algo not in stages else f"{algo} (process data)"] = final
     results: dict[str, Any] = {}
+    for name, path in stages.items():  # every process evaluates its shard
+        results[name] = evaluate_final(rt, path, f"{name}-{exp.eval.split}", state)
+    if algo == "prm":
+        for n in exp.eval.best_of:
+            results[f"prm best-of-{n}"] = evaluate_best_of_n(rt, start, final, n, state)
     if state.is_main_process:
-        for name, path in stages.items():
-            results[name] = evaluate_final(rt, path, f"{name}-{exp.eval.split}")
-        if algo == "prm":
-            for n in exp.eval.best_of:
-                results[f"prm best-of-{n}"] = evaluate_best_of_n(rt, start, final, n)
         from searchrl.eval import markdown_table
 
         table = markdown_table({f"{n} ({exp.eval.split})": m for n, m in results.items()})
@@ -167,5 +197,5 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
         learning_curve(out, out / "learning_curve.png")
         print("\n" + table)
         print(f"\nresults: {out / 'results.md'}  curve: {out / 'learning_curve.png'}")
-    state.wait_for_everyone()
+    wait_for_main(state)
     return results

@@ -78,8 +78,10 @@ def test_two_step_episode_by_hand(toy):
                   max_total_tokens=400, train_examples=[ex])  # fmt: skip
     algo = SLATE(SLATEConfig(k=2, selection="best", bonus=0.1), ctx)
     out, m = algo.collect([0])
-    B = 4  # max_turns + 1
-    assert len(out) == 2 * B  # k * B slots, the unused ones empty
+    assert (
+        algo.samples_per_item(algo.cfg, type("E", (), {"env": env})) == 2 * 4
+    )  # k * B slots (B = max_turns + 1)
+    assert len(out) == 4  # two steps of two candidates; the trainer pads the unused slots
     s = [t for t in out if t.state is not None]
     assert len(s) == 4 and m["slate/candidates"] == 4
     # step 1: good = think names the hop's entity (+1) + query finds the unseen gold doc (+1) = 2;

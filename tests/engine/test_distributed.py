@@ -1,43 +1,66 @@
-"""Distributed training on 2 CPU processes: DDP and DeepSpeed ZeRO-3, LoRA and full parameters, GRPO, SFT and PPO.
+"""Distributed training on 2 CPU processes (DDP and DeepSpeed ZeRO-3) with real, different rollouts per
+process, as in a user's run.
 
-The first step's loss and the updated parameters must match a single process within float tolerance.
-DeepSpeed ZeRO-3 launches on CPU occasionally died with SIGABRT in an earlier prototype; a launch that
-dies by a signal is retried once (and reported in the test output).
+`dist_e2e.py` runs every algorithm (GRPO full and LoRA, PPO full and LoRA, StePPO, SLATE, SFT, DPO, PRM)
+for a few steps under `accelerate launch`; each process trains on its own questions, so turn counts,
+finish reasons and lengths differ between processes. The tests check that the run finishes, that both
+processes log the same metrics, that the rollouts did differ, and that the first step's metrics and
+weights equal what one process computes from the union of both processes' data. Further: metric keys
+that differ between processes, evaluation during training, checkpoint and resume, the `searchrl train`
+pipeline under `accelerate launch`, and a deliberately desynchronised run that must fail with a clear
+error within the collective timeout instead of hanging.
 """
 
+from __future__ import annotations
+
 import os
+import pickle
 import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
+from searchrl.aggregate import combine
+from tests.engine import dist_e2e
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CONFIGS = REPO / "experiments" / "accelerate"
+BACKENDS = {"ddp": "cpu_ddp.yaml", "zero3": "cpu_zero3.yaml"}
 pytestmark = pytest.mark.distributed
 
 
-def launch(args, tmp, config=None, env_extra=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env_extra or {})}
-    env.pop("ACCELERATE_USE_CPU", None) if config is not None and "zero" in config else None
-    if config is None:
-        cmd = [sys.executable, str(HERE / "dist_check.py"), *args]
+def accelerate_cmd(config: str, *args: str) -> list[str]:
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    return [accelerate, "launch", "--config_file", str(CONFIGS / config), "--main_process_port", "0", *args]
+
+
+def launch_env(config: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(extra or {})}
+    if "zero" in config:
+        env.pop("ACCELERATE_USE_CPU", None)  # it would silently turn DeepSpeed off
     else:
-        accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
-        cmd = [accelerate, "launch", "--config_file", str(CONFIGS / config), "--main_process_port", "0",
-               str(HERE / "dist_check.py"), *args]  # fmt: skip
+        env["ACCELERATE_USE_CPU"] = "1"
+    return env
+
+
+def launch(
+    cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """Run a launch; one that dies by a signal is retried once (DeepSpeed on CPU occasionally aborted in an
+    earlier prototype) and reported."""
     for attempt in range(2):
-        proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode == 0:
             return proc
-        died_by_signal = (
-            proc.returncode < 0 or proc.returncode == 128 + signal.SIGABRT or "SIGABRT" in proc.stderr
-        )
-        if not died_by_signal or attempt == 1:
+        by_signal = proc.returncode < 0 or proc.returncode == 128 + signal.SIGABRT or "SIGABRT" in proc.stderr
+        if not by_signal or attempt == 1:
             break
         print(f"launch died by a signal (rc={proc.returncode}); retrying once", file=sys.stderr)
     raise AssertionError(
@@ -45,37 +68,163 @@ def launch(args, tmp, config=None, env_extra=None):
     )
 
 
-def compare(single, multi, world):
-    a, b = torch.load(single), torch.load(multi)
-    assert b["world"] == world and a["world"] == 1
-    assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
-    assert a["state"].keys() == b["state"].keys()
-    for k, v in a["state"].items():
-        assert torch.allclose(v, b["state"][k], rtol=1e-4, atol=1e-6), k
-    return b
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def run(request, tmp_path_factory, world_dir, agent_model_dir):
+    """One launch per backend running every case; returns (backend, output directory)."""
+    backend = request.param
+    out = tmp_path_factory.mktemp(f"e2e-{backend}")
+    args = [
+        str(HERE / "dist_e2e.py"),
+        "--world",
+        str(world_dir),
+        "--model",
+        str(agent_model_dir),
+        "--out",
+        str(out),
+    ]
+    launch(accelerate_cmd(BACKENDS[backend], *args), launch_env(BACKENDS[backend]), out)
+    return backend, out
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory, world_dir, tiny_model_dir):
-    out = {}
-    tmp = tmp_path_factory.mktemp("single")
-    for algo, lora in (("grpo", False), ("grpo", True), ("sft", False), ("ppo", False), ("ppo", True)):
-        f = tmp / f"{algo}-{lora}.pt"
-        launch(["--algorithm", algo, "--world", str(world_dir), "--model", str(tiny_model_dir), "--out", str(f),
-                *(["--lora"] if lora else [])], tmp)  # fmt: skip
-        out[(algo, lora)] = f
-    return out
+def ranks(out: Path, case: str) -> list[dict]:
+    return [pickle.loads((out / case / f"rank{r}.pkl").read_bytes()) for r in (0, 1)]
 
 
-@pytest.mark.parametrize(
-    "config, algo, lora",
-    [("cpu_ddp.yaml", "grpo", False), ("cpu_ddp.yaml", "sft", False), ("cpu_zero3.yaml", "grpo", False),
-     ("cpu_zero3.yaml", "grpo", True), ("cpu_zero3.yaml", "ppo", False), ("cpu_ddp.yaml", "ppo", True)],
-)  # fmt: skip
-def test_two_processes_match_one(config, algo, lora, single, tmp_path, world_dir, tiny_model_dir):
-    f = tmp_path / "multi.pt"
-    env = {"ACCELERATE_USE_CPU": "1"} if config == "cpu_ddp.yaml" else {}
-    launch(["--algorithm", algo, "--world", str(world_dir), "--model", str(tiny_model_dir), "--out", str(f),
-            *(["--lora"] if lora else [])], tmp_path, config, env)  # fmt: skip
-    b = compare(single[(algo, lora)], f, world=2)
-    assert b["deepspeed"] == ("zero" in config)
+def untimed(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if not k.startswith(dist_e2e.TIME_KEYS)}
+
+
+def test_metrics_reduce_over_different_keys(run):
+    _, out = run
+    got = [pickle.loads((out / f"reduce-rank{r}.pkl").read_bytes()) for r in (0, 1)]
+    assert got[0] == got[1]
+    expected = {"a/mean": (3 + 1) / (2 + 6), "a/sum": 12.0, "a/max": 2.5, "only0": 1.0, "only1/x": 9.0,
+                "only1/y": -1.0, "plain": 3.0}  # fmt: skip
+    assert got[0] == pytest.approx(expected)
+    assert got[0] == pytest.approx(combine([dist_e2e.report_of(0), dist_e2e.report_of(1)]))
+
+
+@pytest.mark.parametrize("case", list(dist_e2e.CASES))
+def test_every_algorithm_finishes_and_processes_agree(run, case):
+    backend, out = run
+    r = ranks(out, case)
+    assert [x["world"] for x in r] == [2, 2] and r[0]["deepspeed"] == (backend == "zero3")
+    assert len(r[0]["logged"]) == 2
+    for a, b in zip(r[0]["logged"], r[1]["logged"]):
+        assert untimed(a) == untimed(b)
+        assert all(v == v for v in a.values()), a  # no NaN
+    assert (out / case / "final").is_dir()
+
+
+def test_rollouts_differ_between_processes(run):
+    """The point of these tests: real rollouts differ per process. Here they differ in questions in every
+    online case, and in the number of generation calls (turns) in some; with the old per-call parameter
+    gather under ZeRO-3 the latter alone deadlocked."""
+    _, out = run
+    calls_differ = False
+    for case in dist_e2e.ONLINE:
+        r = ranks(out, case)
+        ids = [{t.example.id for t in x["collected"]} for x in r]
+        assert ids[0] and ids[1] and not ids[0] & ids[1], case
+        calls_differ |= r[0]["gen_calls"] != r[1]["gen_calls"]
+    assert calls_differ
+
+
+@pytest.mark.parametrize("case", list(dist_e2e.CASES))
+def test_first_step_equals_one_process_on_the_union(run, case, tmp_path, world_dir, agent_model_dir):
+    """Metrics and weights after the first step equal a single process trained on both processes' data."""
+    _, out = run
+    r = ranks(out, case)
+    tr, _ = dist_e2e.build(str(world_dir), str(agent_model_dir), tmp_path / case, case, steps=1)
+    if case in dist_e2e.ONLINE:
+        union = r[0]["collected"] + r[1]["collected"]
+        tr.algo.collect = lambda indices: (union, {})
+        check_rollout_metrics(case, union, r[0]["logged"][0])
+    before = {k: v.float().clone() for k, v in tr.engine.accelerator.get_state_dict(tr.policy).items()}
+    single = tr.step(0)
+    multi = r[0]["logged"][0]
+    for k, v in untimed(single).items():
+        assert k in multi, k
+        assert multi[k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+    after = tr.engine.accelerator.get_state_dict(tr.policy)
+    multi_state = torch.load(out / case / "state-after-step-1.pt")
+    assert multi_state.keys() == after.keys()
+    moved = 0
+    for k, v in after.items():
+        delta_single, delta_multi = v.float() - before[k], multi_state[k] - before[k]
+        assert torch.allclose(delta_multi, delta_single, rtol=1e-3, atol=1e-7), k
+        moved += bool(delta_single.abs().sum() > 0)
+    assert moved > 0
+
+
+def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> None:
+    """Rollout statistics recomputed from the union's trajectories, independently of the reduction code."""
+    trained = [t for t in union if t.n_action_tokens > 0]
+    assert logged["train/sequences"] == len(trained)
+    assert logged["train/action_tokens"] == sum(t.n_action_tokens for t in union)
+    assert logged["reward/mean"] == pytest.approx(sum(t.reward for t in trained) / len(trained))
+    if case == "slate":
+        return  # its episodes are the prefixes it built, not its training samples
+    episodes = len(union)
+    counts = Counter(t.finish_reason for t in union)
+    for reason in ("answer", "budget", "eos", "length"):
+        assert logged[f"rollout/finish_{reason}"] == pytest.approx(counts[reason] / episodes), reason
+    assert logged["rollout/tokens_generated"] == sum(t.n_action_tokens for t in union)
+    ids = [dist_e2e.ids_reward(t) for t in union]
+    assert logged["reward/dist_e2e_ids"] == pytest.approx(sum(ids) / len(ids))
+
+
+def test_evaluation_checkpoint_and_resume(run):
+    _, out = run
+    r = ranks(out, "grpo")
+    assert r[0]["eval"] == r[1]["eval"] and r[0]["eval"]["eval/n"] == 7  # shards of 4 and 3 questions
+    assert r[0]["resumed_from"] == 2
+    assert untimed(r[0]["resumed"]) == untimed(r[0]["continued"])
+
+
+TINY_PIPELINE = [
+    "env.template=short", "env.topk=2", "env.max_turns=3", "rollout.max_new_tokens=32",
+    "rollout.max_total_tokens=320", "rollout.group_size=2", "rollout.temperature=1.0", "rollout.batch_size=16",
+    "rewards=[{name: f1}]", "warm_start.teacher_passes=1", "warm_start.args={}",
+    "warm_start.trainer={steps: 2, batch_size: 4, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}",
+    "trainer.steps=2", "trainer.batch_size=4", "trainer.micro_batch_size=4", "trainer.eval_every=1",
+    "trainer.eval_limit=7", "trainer.save_every=1", "eval.limit=9",
+]  # fmt: skip
+
+
+def test_train_pipeline_under_accelerate_launch(tmp_path, world_dir, agent_model_dir):
+    """`searchrl train` end to end on 2 ZeRO-3 processes (warm start, GRPO with evaluation during
+    training, evaluation of every stage sharded over the processes), then `--resume` of the finished run."""
+    out = tmp_path / "run"
+    cmd = accelerate_cmd("cpu_zero3.yaml", "-m", "searchrl", "train", str(REPO / "experiments" / "quickstart.yaml"),
+                         f"data.world_dir={world_dir}", f"model.path={agent_model_dir}", f"output_dir={out}",
+                         *TINY_PIPELINE)  # fmt: skip
+    env = launch_env("cpu_zero3.yaml")
+    launch(cmd, env, tmp_path)
+    import json
+
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"untrained", "sft", "grpo"} and all(m["n"] == 9 for m in results.values())
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2] and rows[0]["eval/n"] == 7
+    proc = launch([*cmd, "--resume"], env, tmp_path)
+    assert "grpo (test)" in proc.stdout
+
+
+def test_desynchronised_run_fails_within_the_timeout(tmp_path, world_dir, agent_model_dir):
+    """One process issues a collective the other does not (a test hook): both must stop with an error that
+    names the step and phase, within the configured timeout, instead of hanging."""
+    out = tmp_path / "run"
+    cmd = accelerate_cmd("cpu_ddp.yaml", "-m", "searchrl", "train", str(REPO / "experiments" / "quickstart.yaml"),
+                         f"data.world_dir={world_dir}", f"output_dir={out}", f"warm_start.checkpoint={agent_model_dir}",
+                         *TINY_PIPELINE, "distributed.timeout=10")  # fmt: skip
+    env = launch_env("cpu_ddp.yaml", {"SEARCHRL_DEBUG_DESYNC": "1:1:collect:extra"})
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    elapsed = time.perf_counter() - t
+    assert proc.returncode != 0
+    assert "error: step 1, phase '" in proc.stderr and "within 10 s (distributed.timeout)" in proc.stderr, (
+        proc.stderr[-3000:]
+    )
+    assert "out of step" in proc.stderr
+    assert elapsed < 180  # start-up, one step and the 10 s timeout; a hang would hit the 600 s limit

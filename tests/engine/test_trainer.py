@@ -205,4 +205,5 @@ def test_slate_trains_on_step_candidates(make_exp):
     for key in ("slate/step_reward", "slate/candidates", "slate/judge_failures", "slate/em", "train/kl",
                 "train/loss", "train/sequences"):  # fmt: skip
         assert key in row and row[key] == row[key], key
-    assert row["slate/candidates"] >= 3 * 2 and row["train/sequences"] == 2 * tr.group
+    # every candidate is one trained sequence; the trainer's padding rows (up to k·B per question) are not
+    assert row["slate/candidates"] >= 3 * 2 and row["train/sequences"] == row["slate/candidates"]

@@ -13,6 +13,7 @@ from typing import Literal
 
 import torch
 
+from searchrl.aggregate import Mean
 from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
 from searchrl.algorithms.base import Algorithm
 from searchrl.algorithms.losses import clipped_policy_loss
@@ -39,12 +40,12 @@ class GRPO(Algorithm):
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         rewards = batch.rewards
-        metrics = {}
+        metrics: dict[str, float] = {}
         if self.cfg.kl_in == "reward" and self.kl_coef > 0:
             kl = kl_penalty(batch.extras["old_logp"], batch.extras["ref_logp"], self.cfg.kl_estimator)
             seq_kl = masked_sum(kl, batch.loss_mask, dim=-1)  # (B,)
             rewards = rewards - self.kl_coef * seq_kl
-            metrics["kl/sequence"] = float(seq_kl.mean())
+            metrics["kl/sequence"] = Mean(float(seq_kl.sum()), len(seq_kl))
         adv = grpo_outcome(rewards, batch.group_ids, self.cfg.std_normalize, self.cfg.eps)
         batch.extras["advantages"] = broadcast_to_tokens(adv, batch.loss_mask)
         return metrics

@@ -28,7 +28,7 @@ import torch
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Algorithm, head_param_groups
 from searchrl.algorithms.losses import clipped_policy_loss
-from searchrl.functional import kl_penalty, masked_mean
+from searchrl.functional import kl_penalty
 from searchrl.types import RolloutBatch
 
 
@@ -92,24 +92,30 @@ class PPO(Algorithm):
         cfg, mask = self.cfg, batch.loss_mask
         rewards = token_rewards(batch.rewards, batch.step_rewards, batch.step_ends, batch.step_mask, mask)
         metrics: dict[str, float] = {"kl/coef": self.kl_coef}
+        # batch statistics are global (summed over processes), so every process, and a single process
+        # holding the union of their data, computes the same β, the same whitening and the same metrics
         total = self.ctx.sum_all
+        n = max(total(mask.sum()), 1.0)
         if self.kl_coef > 0:
             kl = kl_penalty(batch.extras["old_logp"], batch.extras["ref_logp"], cfg.kl_estimator) * mask
-            seq_kl = total(kl.sum()) / max(total(len(batch)), 1.0)  # global: β must agree across processes
+            seqs = total(float((mask.sum(-1) > 0).sum()))
+            seq_kl = total(kl.sum()) / max(seqs, 1.0)
             metrics["kl/sequence"] = seq_kl
             if cfg.kl_in == "reward":
                 rewards = rewards - self.kl_coef * kl
             if cfg.adaptive_kl:
-                self.kl.update(seq_kl, len(batch))
+                self.kl.update(seq_kl, int(seqs))
         values = batch.extras["old_values"]
         adv, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
-        metrics["critic/value_mean"] = float(masked_mean(values, mask))
-        metrics["critic/return_mean"] = float(masked_mean(returns, mask))
-        var_r = float(masked_mean((returns - masked_mean(returns, mask)) ** 2, mask))
+        metrics["critic/value_mean"] = total((values * mask).sum()) / n
+        return_mean = total((returns * mask).sum()) / n
+        metrics["critic/return_mean"] = return_mean
+        var_r = total((((returns - return_mean) * mask) ** 2).sum()) / n
         if var_r > 0:  # fraction of the return variance the critic explains
-            metrics["critic/explained_var"] = 1.0 - float(masked_mean((returns - values) ** 2, mask)) / var_r
+            metrics["critic/explained_var"] = (
+                1.0 - total((((returns - values) * mask) ** 2).sum()) / n / var_r
+            )
         if cfg.whiten_advantages:  # over the global batch's action tokens, as one process would
-            n = max(total(mask.sum()), 1.0)
             mean = total((adv * mask).sum()) / n
             var = total((((adv - mean) * mask) ** 2).sum()) / n
             adv = (adv - mean) * torch.rsqrt(torch.tensor(var + 1e-8)) * mask

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import torch
 
+from searchrl.aggregate import Sum
 from searchrl.algorithms.base import Algorithm
 from searchrl.algorithms.losses import nll_loss
 from searchrl.rollout.loop import encode
@@ -65,7 +66,7 @@ class SFT(Algorithm):
     def collect(self, indices: Sequence[int]) -> tuple[list[Trajectory], dict[str, float]]:
         picked = [self.trajs[i] for i in indices]
         tokens = sum(t.n_action_tokens for t in picked)
-        return picked, {"sft/action_tokens": float(tokens)}
+        return picked, {"sft/action_tokens": Sum(tokens)}
 
     def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
              values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip

@@ -19,7 +19,7 @@ of eq. 7 per candidate, then the mean over the candidates and steps of the batch
 generated tokens only. Only the collection differs from GRPO; the loss and the advantage of eq. 4 are
 GRPO's with one group per (question, step).
 
-Each question yields up to k·B samples; unused slots are filled with empty samples (no loss tokens, no
+Each question yields up to k·B samples; the trainer fills unused slots with empty rows (no loss tokens, no
 reward) so every process runs the same number of micro-batches.
 """
 
@@ -30,6 +30,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from searchrl.aggregate import Mean, Sum
 from searchrl.algorithms.grpo import GRPO, GRPOConfig
 from searchrl.rewards.judges import JUDGES, JudgeItem, JudgeScores
 from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
@@ -127,22 +128,18 @@ class SLATE(GRPO):
                 prefixes[q] = group[select(r, step_advantages(r, cfg.eps), cfg.selection, cfg.eta, rng)]
         from searchrl.answers import exact_match
 
-        out: list[Trajectory] = []
-        pad = c.tokenizer.pad_token_id
-        for q, got in enumerate(samples):  # empty samples fill the k*B slots: same micro-batches everywhere
-            out += got + [Trajectory(examples[q], [Segment("prompt", [pad, pad])], group_id=-1 - indices[q])
-                          for _ in range(cfg.k * B - len(got))]  # fmt: skip
-        n = max(len(prefixes), 1)
-        metrics = {**stats.metrics(), "slate/step_reward": sum(rewards) / max(len(rewards), 1),
-                   "slate/candidates": float(len(rewards)), "slate/judge_failures": float(failures),
-                   "slate/answered": sum(p.answer is not None for p in prefixes) / n,
-                   "slate/em": sum(exact_match(p.answer or "", p.example.answers) for p in prefixes) / n,
-                   "slate/steps_per_question": len(rewards) / (cfg.k * n)}  # fmt: skip
+        n = len(prefixes)
+        metrics = {**stats.metrics(), "slate/step_reward": Mean(sum(rewards), len(rewards)),
+                   "slate/candidates": Sum(len(rewards)), "slate/judge_failures": Sum(failures),
+                   "slate/answered": Mean(sum(p.answer is not None for p in prefixes), n),
+                   "slate/em": Mean(sum(exact_match(p.answer or "", p.example.answers) for p in prefixes), n),
+                   "slate/steps_per_question": Mean(len(rewards), cfg.k * n)}  # fmt: skip
         if (
             c.rewards is not None
         ):  # the experiment's outcome rewards on the episodes SLATE built, for comparison
             metrics.update(c.rewards(prefixes))
-        return out, metrics
+        # fewer than k·B samples per question when episodes end early: the trainer pads the rest
+        return [sample for got in samples for sample in got], metrics
 
 
 def step_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:

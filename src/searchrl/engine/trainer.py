@@ -10,14 +10,17 @@ RNG states, so a resumed run repeats an uninterrupted one.
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from searchrl.aggregate import Max, Mean, Sum
 from searchrl.algorithms import ALGORITHMS
 from searchrl.algorithms.base import Algorithm, Context
 from searchrl.config import ConfigError, TrainerConfig, from_dict
@@ -28,7 +31,7 @@ from searchrl.engine.models import Reference, forward, load_policy
 from searchrl.functional import token_entropy, token_logprobs, token_weights
 from searchrl.masking import build_batch
 from searchrl.rollout.generator import GENERATORS, SamplingParams
-from searchrl.types import RolloutBatch
+from searchrl.types import RolloutBatch, Segment, Trajectory
 
 
 class Schedule:
@@ -78,7 +81,8 @@ class Trainer:
 
         world = distributed_state().num_processes
         per_proc = _divide(cfg.batch_size, world, "trainer.batch_size", "the number of processes")
-        seqs = per_proc * self.group
+        self.rows = seqs = per_proc * self.group  # rows every process trains on per step (padded)
+        self.algorithm = algorithm
         mini = _divide(seqs, cfg.mini_batches, "sequences per process", "trainer.mini_batches")
         self.micro = min(cfg.micro_batch_size, mini)
         self.pairwise = bool(algo_cls.pairwise)
@@ -157,6 +161,7 @@ class Trainer:
     def _no_grad_pass(self, model: Any, batch: RolloutBatch, values: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """Log-probs (B, T) of the action tokens, and values (B, T) when asked, in micro-batches."""
+        model = self.engine.for_no_grad(model)
         order = batch.attention_mask.sum(-1).argsort(stable=True)
         out = torch.zeros_like(batch.loss_mask)
         vals = torch.zeros_like(batch.loss_mask) if values else None
@@ -198,10 +203,14 @@ class Trainer:
                 loss = (loss_tok * w).sum()
                 eng.backward(loss)
                 if eng.sync_gradients:
+                    # the norm is global: every process stops here together, never one alone
                     grad_norm = eng.clip_grad_norm(self.policy)
                     if not math.isfinite(grad_norm):
-                        raise NonFiniteError(f"gradient norm is {grad_norm}")
-                    sums["train/grad_norm"] += grad_norm / (self.cfg.epochs * self.cfg.mini_batches)
+                        bad = eng.take_nonfinite_loss()
+                        raise NonFiniteError(
+                            f"loss is {bad}" if bad is not None else f"gradient norm is {grad_norm}"
+                        )
+                    self._grad_norms.append(grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad()
@@ -215,58 +224,82 @@ class Trainer:
 
     # --------------------------------------------------------------------------------------- loop
     def step(self, step: int) -> dict[str, float]:
+        """One training step. Every process issues the same collectives whatever its data: the policy is
+        gathered once for the whole collection, every process trains on the same number of rows, and the
+        metrics are reduced over a key set all processes agree on."""
         eng, algo, cfg = self.engine, self.algo, self.cfg
         t0 = time.perf_counter()
         indices = self.schedule.indices(step)[eng.rank :: eng.world_size]
         algo.step = step
-        trajs, collect_metrics = algo.collect(indices)
+        with eng.phase("collect", step), self._generation_session():
+            trajs, collect_metrics = algo.collect(indices)
+            _debug_stall(eng, step, "collect")
+        trajs = self._pad(trajs)
         t_collect = time.perf_counter() - t0
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
+        local: dict[str, float] = {**collect_metrics}
         if algo.needs_old_logprobs:
-            batch.extras["old_logp"], old_values = self._no_grad_pass(self.policy, batch, self.values)
+            with eng.phase("old log-probs", step):
+                batch.extras["old_logp"], old_values = self._no_grad_pass(self.policy, batch, self.values)
             if old_values is not None:
                 batch.extras["old_values"] = old_values
             # the sampler's log-probs against the trainer's recompute: stale or mismatched weights show here
             diff = (batch.extras["old_logp"] - batch.sampled_logprobs).abs() * batch.loss_mask
-            collect_metrics["rollout/logprob_abs_diff"] = float(
-                diff.sum() / batch.loss_mask.sum().clamp(min=1)
-            )
-            collect_metrics["rollout/logprob_max_diff"] = float(diff.max()) if diff.numel() else 0.0
+            local["rollout/logprob_abs_diff"] = Mean(float(diff.sum()), float(batch.loss_mask.sum()))
+            if diff.numel():
+                local["rollout/logprob_max_diff"] = Max(float(diff.max()))
         if self.reference is not None:
-            with self.reference.model() as ref:
+            with eng.phase("reference log-probs", step), self.reference.model() as ref:
                 batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)[0]
-        prep_metrics = algo.prepare(batch)
+        with eng.phase("advantages", step):
+            local.update(algo.prepare(batch))
         sums: dict[str, float] = defaultdict(float)
+        self._grad_norms: list[float] = []
         n = len(batch)
         gen = torch.Generator().manual_seed(self.seed * 7919 + step)
-        for _ in range(cfg.epochs):
-            order = torch.randperm(n, generator=gen) if cfg.mini_batches > 1 else torch.arange(n)
-            if self.pairwise and cfg.mini_batches > 1:  # shuffle pairs, not rows
-                pairs = torch.randperm(n // 2, generator=gen)
-                order = torch.stack([2 * pairs, 2 * pairs + 1], 1).flatten()
-            for chunk in order.chunk(cfg.mini_batches):
-                self._update(batch.select(chunk.tolist()), sums)
+        with eng.phase("update", step):
+            for _ in range(cfg.epochs):
+                order = torch.randperm(n, generator=gen) if cfg.mini_batches > 1 else torch.arange(n)
+                if self.pairwise and cfg.mini_batches > 1:  # shuffle pairs, not rows
+                    pairs = torch.randperm(n // 2, generator=gen)
+                    order = torch.stack([2 * pairs, 2 * pairs + 1], 1).flatten()
+                for chunk in order.chunk(cfg.mini_batches):
+                    self._update(batch.select(chunk.tolist()), sums)
         if self.ctx.generator is not None:
             self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
-        # every process logs the same numbers: local sums are reduced here
-        metrics = {k: eng.sum(v) for k, v in sums.items()}
-        metrics["train/grad_norm"] /= eng.world_size  # the norm is global already; it was summed W times
-        trained = batch.loss_mask.sum(-1) > 0  # rows with loss tokens (SLATE pads with empty samples)
-        local = {**collect_metrics, **prep_metrics,
-                 "reward/mean": float(batch.rewards[trained].mean()) if bool(trained.any()) else 0.0}  # fmt: skip
+        trained = batch.loss_mask.sum(-1) > 0  # rows with loss tokens (padding rows have none)
+        local.update({k: Sum(v) for k, v in sums.items()})  # shares of globally normalised means
+        if self._grad_norms:  # global already: every process holds the same value
+            local["train/grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
+        local["reward/mean"] = Mean(float(batch.rewards[trained].sum()), float(trained.sum()))
         episodes = [t for t in trajs if t.state is not None]
         if episodes:
             from searchrl.answers import exact_match
 
-            local["train/em"] = sum(exact_match(t.answer or "", t.example.answers) for t in episodes) / len(
-                episodes
-            )
-        for k, v in local.items():  # process means, weighted by batch size
-            metrics[k] = eng.sum(v * n) / max(eng.sum(n), 1.0)
-        metrics.update({"train/lr": self.scheduler.get_last_lr()[0], "train/sequences": eng.sum(n),
-                        "train/action_tokens": eng.sum(batch.loss_mask.sum()),
-                        "time/collect_s": t_collect, "time/step_s": time.perf_counter() - t0})  # fmt: skip
-        return metrics
+            em = sum(exact_match(t.answer or "", t.example.answers) for t in episodes)
+            local["train/em"] = Mean(em, len(episodes))
+        local.update({"train/lr": self.scheduler.get_last_lr()[0], "train/sequences": Sum(float(trained.sum())),
+                      "train/action_tokens": Sum(float(batch.loss_mask.sum())), "time/collect_s": Max(t_collect),
+                      "time/step_s": Max(time.perf_counter() - t0)})  # fmt: skip
+        with eng.phase("metrics", step):
+            _debug_stall(eng, step, "metrics")
+            return eng.reduce_metrics(local)
+
+    def _generation_session(self) -> Any:
+        """The policy gathered once for a whole collection (a ZeRO-3 collective), reused by every
+        generation call inside; nothing for offline algorithms."""
+        return self.engine.for_generation(self.policy) if self.ctx.generator is not None else nullcontext()
+
+    def _pad(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        """Exactly ``self.rows`` rows on every process: the same micro-batches, so the same collectives.
+        Missing rows are empty (no loss tokens, no reward, a group of their own)."""
+        if len(trajs) > self.rows:
+            raise RuntimeError(f"algorithm '{self.algorithm}' returned {len(trajs)} training rows for a step, more "
+                               f"than the {self.rows} it declared (samples_per_item x questions per process)")  # fmt: skip
+        pad = self.tokenizer.pad_token_id
+        base = -1 - self.engine.rank * self.rows
+        return trajs + [Trajectory(trajs[0].example if trajs else None, [Segment("prompt", [pad, pad])],  # type: ignore[arg-type]
+                                   group_id=base - j) for j in range(self.rows - len(trajs))]  # fmt: skip
 
     def run(self, evaluate: Any = None) -> Path:
         """Train to ``cfg.steps``; ``evaluate(model_dir_or_policy, step) -> metrics`` is called every
@@ -282,10 +315,12 @@ class Trainer:
                     and done % cfg.eval_every == 0
                     and done < cfg.steps
                 ):
-                    metrics.update(evaluate(self, done))
+                    with eng.phase("evaluation", step):
+                        metrics.update(evaluate(self, done))
                 self.sink.log(done, metrics)
                 if done % cfg.save_every == 0 or done == cfg.steps:
-                    self.ckpt.save(done, {"metrics": metrics, "algorithm": self.algo.state_dict()})
+                    with eng.phase("checkpoint", step):
+                        self.ckpt.save(done, {"metrics": metrics, "algorithm": self.algo.state_dict()})
         except NonFiniteError as exc:
             latest = self.ckpt.latest()
             raise NonFiniteError(
@@ -295,9 +330,27 @@ class Trainer:
         finally:
             self.sink.close()
         final = self.out / "final"
-        self.ckpt.export_model(final)
-        eng.wait()
+        with eng.phase("final export"):
+            self.ckpt.export_model(final)
+            eng.wait()
         return final
+
+
+def _debug_stall(eng: Engine, step: int, phase: str) -> None:
+    """Test hook for the collective timeout. ``SEARCHRL_DEBUG_DESYNC="RANK:STEP:PHASE:ACTION"`` makes that
+    process, at that step (counted from 1) and phase, either issue one collective the others do not
+    (ACTION ``extra``: the processes are out of step) or stall for a number of seconds (ACTION a number:
+    a stuck process). Either way the others must fail within the timeout, never hang."""
+    spec = os.environ.get("SEARCHRL_DEBUG_DESYNC")
+    if not spec:
+        return
+    rank, at, where, action = spec.split(":")
+    if int(rank) != eng.rank or int(at) != step + 1 or where != phase:
+        return
+    if action == "extra":
+        eng.sum(1.0)
+    else:
+        time.sleep(float(action))
 
 
 def _divide(a: int, b: int, what_a: str, what_b: str) -> int:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from searchrl.aggregate import Mean
 from searchrl.config import RewardSpec
 from searchrl.rewards.registry import PROVIDED, REWARDS, RewardOutput, reward_kind
 from searchrl.types import Trajectory
@@ -78,5 +79,4 @@ class RewardPipeline:
                 for k, v in out.metrics.items():
                     sums[f"reward/{spec.name}/{k}"] += v
             t.reward, t.step_rewards = total, steps
-        n = max(len(trajs), 1)
-        return {k: v / n for k, v in sums.items()}
+        return {k: Mean(v, len(trajs)) for k, v in sums.items()}  # means over every process's trajectories

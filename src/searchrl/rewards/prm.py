@@ -27,7 +27,7 @@ class PRMScorer:
             raise FileNotFoundError(
                 f"{path} holds no {VALUE_HEAD_FILE}: not a PRM trained by `algorithm: prm`"
             )
-        lm, self.tokenizer = load_model_and_tokenizer(path)
+        lm, self.tokenizer = load_model_and_tokenizer(path, whole=True)
         self.model = PolicyWithValue(lm)
         self.model.value_head.load_state_dict(load_file(str(head)))
         self.model.eval()

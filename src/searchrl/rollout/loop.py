@@ -17,10 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from searchrl.aggregate import Mean, Sum
 from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
 from searchrl.rollout.generator import Generator, SamplingParams
 from searchrl.types import Segment, Step, Trajectory
+
+FINISH_REASONS = ("answer", "budget", "eos", "length")  # how an episode can end (Trajectory.finish_reason)
 
 
 @dataclass
@@ -33,16 +36,17 @@ class RolloutStats:
     seconds: float = 0.0
     finish_reasons: Counter[str] = field(default_factory=Counter)
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, float]:
+        """This process's statistics as metrics that combine over processes (`searchrl.aggregate`): counts
+        summed, rates as numerator / denominator, throughput summed. Every finish reason is reported, with
+        0 where no episode had it, so that the rates are over every process's episodes."""
+        reasons = dict.fromkeys(FINISH_REASONS, 0) | dict(self.finish_reasons)
         return {
-            "rollout/tokens_generated": self.tokens_generated,
-            "rollout/tokens_per_second": self.tokens_generated / max(self.seconds, 1e-9),
-            "rollout/searches_per_episode": self.searches / max(self.episodes, 1),
-            "rollout/invalid_action_rate": self.invalid_actions / max(self.actions, 1),
-            **{
-                f"rollout/finish_{k}": v / max(self.episodes, 1)
-                for k, v in sorted(self.finish_reasons.items())
-            },
+            "rollout/tokens_generated": Sum(self.tokens_generated),
+            "rollout/tokens_per_second": Sum(self.tokens_generated / max(self.seconds, 1e-9)),
+            "rollout/searches_per_episode": Mean(self.searches, self.episodes),
+            "rollout/invalid_action_rate": Mean(self.invalid_actions, self.actions),
+            **{f"rollout/finish_{k}": Mean(v, self.episodes) for k, v in sorted(reasons.items())},
         }
 
 

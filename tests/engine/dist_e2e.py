@@ -1,0 +1,255 @@
+"""Every algorithm for a few steps on real rollouts under whatever `accelerate launch` set up.
+
+Each process trains on its own questions with its own rollouts (they differ in turns, finish reasons and
+lengths), as in a real run. Per case, each process writes what it collected at the first step, its
+generation-call counts and the metrics it logged; the main process also writes the weights after the
+first step. The test (test_distributed.py) checks that the processes logged identical metrics, that
+their rollouts really differed, and that the metrics and weights equal what one process computes from the
+union of their data. The GRPO case also evaluates during training, checkpoints, and resumes.
+
+Run: ``accelerate launch --config_file CFG dist_e2e.py --world W --model M --out DIR [--case NAME ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+from searchrl.rewards import REWARDS, register_reward  # noqa: E402
+
+TIME_KEYS = ("time/", "rollout/tokens_per_second")  # wall-clock measurements differ between runs
+
+
+def ids_reward(traj: Any, **_: Any) -> float:
+    """Varies between samples of one group even for a barely trained model, so every algorithm has signal."""
+    ids = [i for seg in traj.segments if seg.kind == "action" for i in seg.token_ids]
+    return (sum(ids) % 7) / 6
+
+
+if "dist_e2e_ids" not in REWARDS:
+    register_reward("dist_e2e_ids")(ids_reward)
+
+ONLINE = ("grpo", "grpo-lora", "ppo", "ppo-lora", "steppo", "slate")
+CASES: dict[str, dict[str, Any]] = {
+    "grpo": {"algorithm": "grpo", "args": {"kl_coef": 0.05}},
+    "grpo-lora": {"algorithm": "grpo", "args": {"kl_coef": 0.05}, "lora": True},
+    "ppo": {"algorithm": "ppo", "args": {"kl_coef": 0.05, "adaptive_kl": True, "kl_horizon": 100}},
+    "ppo-lora": {"algorithm": "ppo", "args": {"kl_coef": 0.05}, "lora": True},
+    "steppo": {
+        "algorithm": "steppo",
+        "args": {"kl_coef": 0.0},
+        "rewards": "[{name: stepsearch}, {name: dist_e2e_ids}]",
+    },
+    "slate": {"algorithm": "slate", "args": {"k": 2, "kl_coef": 0.05}},
+    "sft": {"algorithm": "sft", "args": {}},
+    "dpo": {"algorithm": "dpo", "args": {"beta": 0.5}},
+    "prm": {"algorithm": "prm", "args": {}},
+}
+BATCH = 4  # questions (online) or records (offline) per step over all processes
+
+
+def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
+    spec = CASES[case]
+    over = [
+        f"data.world_dir={world}",
+        f"model.path={model}",
+        f"output_dir={out}",
+        "env.template=short",
+        "env.topk=2",
+        "env.max_turns=3",
+        "rollout.max_new_tokens=32",
+        "rollout.max_total_tokens=320",
+        "rollout.group_size=2",
+        "rollout.temperature=1.0",
+        f"rewards={spec.get('rewards', '[{name: f1}, {name: dist_e2e_ids}]')}",
+    ]
+    if spec.get("lora"):
+        over.append("model.lora={r: 4, alpha: 8}")
+    return over
+
+
+def trainer_config(steps: int = 3) -> Any:
+    """Plain SGD without clipping, so that the update is the gradient itself and a wrong gradient shows
+    in the weights (Adam's first step would hide its scale)."""
+    from searchrl.config import TrainerConfig
+
+    return TrainerConfig(
+        steps=steps,
+        batch_size=BATCH,
+        micro_batch_size=4,
+        lr=0.05,
+        optimizer="sgd",
+        max_grad_norm=1e9,
+        save_every=10**6,
+        log_entropy=True,
+    )
+
+
+def records(rt: Any, case: str) -> list[dict[str, Any]] | None:
+    """Offline data: teacher trajectories (SFT), or step pairs built from them (DPO, PRM): the state
+    before a teacher action, that action as chosen and a malformed search as rejected."""
+    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+
+    if case not in ("sft", "dpo", "prm"):
+        return None
+    recs = teacher_records(rt.env(), rt.world, rt.examples("train")[:24], TeacherConfig())
+    if case == "sft":
+        return recs
+    pairs = []
+    for r in recs:
+        for k, action in enumerate(r["actions"]):
+            pairs.append(
+                {
+                    "prompt": r["prompt"],
+                    "actions": r["actions"][:k],
+                    "observations": r["observations"][:k],
+                    "chosen": action,
+                    "rejected": "<think> hmm </think>\n<search> zzz qqq </search>" * (1 + k % 2),
+                }
+            )
+    return pairs
+
+
+def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: bool = False) -> Any:
+    from searchrl.config import load_experiment
+    from searchrl.engine.trainer import Trainer
+    from searchrl.runtime import Runtime
+
+    exp = load_experiment(None, overrides(world, model, out, case))
+    rt = Runtime(exp)
+    spec = CASES[case]
+    tr = Trainer(
+        algorithm=spec["algorithm"],
+        algorithm_args=spec["args"],
+        model_path=model,
+        cfg=trainer_config(steps),
+        out_dir=out,
+        runtime=rt,
+        records=records(rt, case),
+        resume=resume,
+        seed=0,
+    )
+    return tr, rt
+
+
+def instrument(tr: Any) -> dict[str, list[Any]]:
+    """Record what this process collected and how many generation calls each step made."""
+    seen: dict[str, list[Any]] = {"collected": [], "gen_calls": []}
+    collect = tr.algo.collect
+    gen = tr.ctx.generator
+    calls = [0]
+    if gen is not None:
+        generate = gen.generate
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            calls[0] += 1
+            return generate(*a, **kw)
+
+        gen.generate = counted
+
+    def recorded(indices: list[int]) -> Any:
+        calls[0] = 0
+        trajs, metrics = collect(indices)
+        seen["collected"].append(trajs)
+        seen["gen_calls"].append(calls[0])
+        return trajs, metrics
+
+    tr.algo.collect = recorded
+    return seen
+
+
+def run_case(world: str, model: str, out_root: Path, case: str) -> None:
+    import torch
+
+    out = out_root / case
+    tr, rt = build(world, model, out, case)
+    eng = tr.engine
+    seen = instrument(tr)
+    logged = [tr.step(0)]
+    state = eng.accelerator.get_state_dict(tr.policy)  # collective under ZeRO-3
+    if eng.is_main:
+        torch.save({k: v.float().cpu() for k, v in state.items()}, out / "state-after-step-1.pt")
+    logged.append(tr.step(1))
+    result: dict[str, Any] = {
+        "rank": eng.rank,
+        "world": eng.world_size,
+        "deepspeed": eng.is_deepspeed,
+        "logged": logged,
+        "gen_calls": seen["gen_calls"],
+    }
+    if case == "grpo":  # evaluation during training (uneven shards), a checkpoint, and a resume from it
+        from searchrl.train import make_evaluator
+
+        with eng.phase("evaluation", 1):
+            result["eval"] = make_evaluator(rt, "dev", 7)(tr, 2)
+        tr.ckpt.save(2, {"metrics": logged[-1], "algorithm": tr.algo.state_dict()})
+        result["continued"] = tr.step(2)
+        resumed, _ = build(world, model, out, case, resume=True)
+        result["resumed_from"] = resumed.start_step
+        result["resumed"] = resumed.step(2)
+    tr.ckpt.export_model(out / "final")
+    eng.wait()
+    result["collected"] = seen["collected"][0] if seen["collected"] else None
+    with open(out / f"rank{eng.rank}.pkl", "wb") as f:
+        pickle.dump(result, f)
+    eng.wait()
+
+
+REDUCE_REPORTS = {  # what each process reports: different keys, as rollouts with different outcomes give
+    0: {
+        "a/mean": ("mean", 3.0, 2.0),
+        "a/sum": ("sum", 5.0),
+        "a/max": ("max", 1.5),
+        "only0": ("mean", 4.0, 4.0),
+        "plain": ("plain", 2.0),
+    },
+    1: {
+        "a/mean": ("mean", 1.0, 6.0),
+        "a/sum": ("sum", 7.0),
+        "a/max": ("max", 2.5),
+        "only1/x": ("sum", 9.0),
+        "only1/y": ("max", -1.0),
+        "plain": ("plain", 4.0),
+    },
+}
+
+
+def report_of(rank: int) -> dict[str, float]:
+    from searchrl.aggregate import Max, Mean, Sum
+
+    kinds = {"mean": Mean, "sum": Sum, "max": Max, "plain": float}
+    return {k: kinds[kind](*vals) for k, (kind, *vals) in REDUCE_REPORTS[rank].items()}
+
+
+def check_reduce(out: Path) -> None:
+    """Processes reporting different metric keys reduce to the same values, without hanging."""
+    from searchrl.engine.engine import Engine
+
+    eng = Engine()
+    got = eng.reduce_metrics(report_of(eng.rank))
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"reduce-rank{eng.rank}.pkl", "wb") as f:
+        pickle.dump(got, f)
+    eng.wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--world", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--case", action="append", default=[])
+    a = p.parse_args()
+    check_reduce(a.out)
+    for case in a.case or list(CASES):
+        run_case(a.world, a.model, a.out, case)
+
+
+if __name__ == "__main__":
+    main()
