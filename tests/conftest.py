@@ -93,3 +93,20 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
     tr = Trainer(algorithm="sft", algorithm_args={}, model_path=tiny_model_dir, cfg=cfg, out_dir=out, runtime=rt,
                  records=records)  # fmt: skip
     return tr.run()
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory):
+    """Qwen2.5's tokenizer, written once per session by `searchrl tokenizer qwen2.5` (the qwen extra)."""
+    from searchrl.cli import main
+
+    out = tmp_path_factory.mktemp("qwen2.5-tokenizer")
+    main(["tokenizer", "qwen2.5", "--out", str(out)])
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_tok(qwen_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir))

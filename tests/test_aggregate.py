@@ -40,7 +40,8 @@ def test_split_over_processes_equals_union(items, owner):
     """However items are split over up to 4 processes, the combined mean, sum and max are the union's."""
     procs = [[x for x, o in zip(items, owner) if o == p] for p in range(4)]
     reports = [
-        {"mean": Mean(sum(p), len(p)), "sum": Sum(sum(p)), **({"max": Max(max(p))} if p else {})} for p in procs
+        {"mean": Mean(sum(p), len(p)), "sum": Sum(sum(p)), **({"max": Max(max(p))} if p else {})}
+        for p in procs
     ]
     got = combine(reports)
     assert got["mean"] == pytest.approx(sum(items) / len(items), abs=1e-9)

@@ -71,6 +71,17 @@ def cmd_build_model(args: argparse.Namespace) -> None:
     print(f"built a {args.size} Qwen2 model and tokenizer in {out}")
 
 
+def cmd_tokenizer(args: argparse.Namespace) -> None:
+    from searchrl.models.qwen import qwen_tokenizer
+
+    t = time.perf_counter()
+    tok = qwen_tokenizer(args.out, args.name)
+    print(
+        f"{args.name} tokenizer ({len(tok)} tokens, chat template included) written to {args.out} in "
+        f"{time.perf_counter() - t:.1f}s; load it with AutoTokenizer.from_pretrained('{args.out}')"
+    )
+
+
 def cmd_index(args: argparse.Namespace) -> None:
     from searchrl.data.corpus import load_corpus
     from searchrl.envs.retrievers import RETRIEVERS
@@ -282,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--config", default=None)
     _overrides(b)
     b.set_defaults(fn=cmd_build_model)
+
+    k = sub.add_parser(
+        "tokenizer", help="write a real model's tokenizer offline (Qwen2.5's, from the qwen extra)"
+    )
+    k.add_argument("name", choices=["qwen2.5"])
+    k.add_argument("--out", required=True, type=Path)
+    k.set_defaults(fn=cmd_tokenizer)
 
     i = sub.add_parser("index", help="build and save a BM25 or dense index of a corpus")
     i.add_argument("--retriever", default="bm25")

@@ -92,7 +92,10 @@ class LoraConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     path: str | None = None  # local directory or hub id; None builds the local `size` model
-    size: Literal["tiny", "small", "base"] = "small"
+    size: Literal["tiny", "small", "base", "qwen2.5-0.5b"] = "small"
+    # the local model's tokenizer: "local" is trained on the synthetic world (every tag one special token);
+    # "qwen2.5" is Qwen2.5's real vocabulary (tags are text), from the qwen extra
+    tokenizer: Literal["local", "qwen2.5"] = "local"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None  # null: full fine-tuning
 

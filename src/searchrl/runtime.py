@@ -122,7 +122,8 @@ def local_model_dir(rt: Runtime) -> Path:
         return Path(m.path)
     if rt.world is None:
         raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
-    out = rt.world_dir / f"model-{m.size}"
+    out = rt.world_dir / (f"model-{m.size}" if m.tokenizer == "local" else f"model-{m.size}-{m.tokenizer}")
     if not (out / "config.json").exists():
-        build_local_model(m.size, tokenizer_texts(rt.world, rt.env()), out, seed=rt.exp.seed)
+        texts = tokenizer_texts(rt.world, rt.env()) if m.tokenizer == "local" else []
+        build_local_model(m.size, texts, out, seed=rt.exp.seed, tokenizer=m.tokenizer)
     return out

@@ -132,15 +132,25 @@ class SearchEnv:
             prompt += f"\n\n{self.tags.info_open}{self.format_docs(docs)}{self.tags.info_close}\n\n"
         return EnvState(example=example, prompt=prompt + self.tags.answer_open, force_answer=True)
 
-    def step(self, state: EnvState, action: str, eos: bool = False) -> tuple[str, bool, StepInfo]:
-        return self.step_batch([state], [action], [eos])[0]
+    def step(
+        self, state: EnvState, action: str, eos: bool = False, stopped: bool = False
+    ) -> tuple[str, bool, StepInfo]:
+        return self.step_batch([state], [action], [eos], [stopped])[0]
 
     def step_batch(
-        self, states: list[EnvState], actions: list[str], eos: list[bool] | None = None
+        self,
+        states: list[EnvState],
+        actions: list[str],
+        eos: list[bool] | None = None,
+        stopped: list[bool] | None = None,
     ) -> list[tuple[str, bool, StepInfo]]:
-        """Advance each episode by one action; all searches go to the retriever in one batch."""
+        """Advance each episode by one action; all searches go to the retriever in one batch. ``stopped``:
+        generation stopped at a closing tag (see `parse`)."""
         eos = eos or [False] * len(states)
-        parsed = [self.parse(a, forced=s.force_answer) for s, a in zip(states, actions)]
+        stopped = stopped or [False] * len(states)
+        parsed = [
+            self.parse(a, forced=s.force_answer, stopped=st) for s, a, st in zip(states, actions, stopped)
+        ]
         queries = [p.query or "" for p in parsed if p.kind == "search" and p.valid]
         results = list(self.retriever.search(queries, self.topk) if queries else [])
         summaries = iter(self._summaries(states, parsed, results))
@@ -236,10 +246,16 @@ class SearchEnv:
         return format_docs(docs, self.doc_max_words)
 
     # ------------------------------------------------------------------ parsing
-    def parse(self, action: str, forced: bool = False) -> StepInfo:
-        """Classify one action. ``forced``: the answer tag was already emitted by the environment."""
+    def parse(self, action: str, forced: bool = False, stopped: bool = False) -> StepInfo:
+        """Classify one action. ``forced``: the answer tag was already emitted by the environment.
+        ``stopped``: generation stopped at a closing tag. In a real vocabulary a tag is text and its last
+        token may carry more characters (Qwen2.5's ``>\n\n``, ``>.``): the action is read up to the end
+        of its first closing tag, and what that token adds after it belongs to the action but is never
+        read as more of it (not as text after the answer, not as a second action)."""
         t = self.tags
         text = (t.answer_open + action) if forced else action
+        if stopped:
+            text = text[: self.first_stop_end(text)]
         a_open, a_close = text.find(t.answer_open), text.find(t.answer_close)
         s_open = text.find(t.search_open)
         is_answer = a_open >= 0 and (s_open < 0 or a_open < s_open)
@@ -258,6 +274,11 @@ class SearchEnv:
         if a_close >= 0:
             return StepInfo("invalid", False, "unclosed_tag")
         return StepInfo("invalid", False, "no_action")
+
+    def first_stop_end(self, text: str) -> int:
+        """The end of the first closing tag (``</search>``, ``</answer>``) in ``text``; its length if none."""
+        ends = [i + len(tag) for tag in self.tags.stop_strings if (i := text.find(tag)) >= 0]
+        return min(ends, default=len(text))
 
     def _parse_answer(self, text: str, forced: bool) -> StepInfo:
         t = self.tags

@@ -6,6 +6,7 @@ work on token ids. Everything is saved in Hugging Face format and loads with ``f
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +37,10 @@ SIZES: dict[str, ModelSize] = {
     "small": ModelSize(128, 2, 4, 2, 352, vocab_size=3072),
     # ~4M parameters: more capacity for longer CPU runs.
     "base": ModelSize(256, 4, 4, 2, 688, vocab_size=4096),
+    # Qwen2.5-0.5B's shape (random weights): realistic memory and time on a CPU. Qwen2.5 tokenizer only.
+    "qwen2.5-0.5b": ModelSize(896, 24, 14, 2, 4864, vocab_size=151936, max_position_embeddings=32768),
 }
+TOKENIZERS = ("local", "qwen2.5")  # a tokenizer trained on the world (tags are tokens), or Qwen2.5's
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None):
@@ -60,8 +64,11 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path |
     return hf
 
 
-def build_model(size: str | ModelSize, tokenizer, seed: int = 0):
-    """A randomly initialised Qwen2ForCausalLM matching ``tokenizer``."""
+def build_model(size: str | ModelSize, tokenizer, seed: int = 0, vocab_rows: int | None = None,
+                eos_ids: Iterable[int] | None = None):  # fmt: skip
+    """A randomly initialised Qwen2ForCausalLM matching ``tokenizer`` (``vocab_rows`` embedding rows, at
+    least one per token; Qwen2.5 models have 151,936), ending generation at ``eos_ids`` (default: the
+    tokenizer's EOS)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -69,8 +76,9 @@ def build_model(size: str | ModelSize, tokenizer, seed: int = 0):
     hf_logging.disable_progress_bar()
 
     spec = SIZES[size] if isinstance(size, str) else size
+    eos = sorted(eos_ids) if eos_ids is not None else [tokenizer.eos_token_id]
     cfg = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=max(len(tokenizer), vocab_rows or 0),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
@@ -78,7 +86,9 @@ def build_model(size: str | ModelSize, tokenizer, seed: int = 0):
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
+        rope_theta=1_000_000.0 if spec.max_position_embeddings > 2048 else 10_000.0,
+        rms_norm_eps=1e-6,
+        eos_token_id=eos[0] if len(eos) == 1 else eos,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
@@ -86,20 +96,32 @@ def build_model(size: str | ModelSize, tokenizer, seed: int = 0):
     return Qwen2ForCausalLM(cfg)
 
 
-def build_local_model(size: str, texts: Iterable[str], out_dir: str | Path, seed: int = 0) -> Path:
-    """Train a tokenizer on ``texts``, build a model of ``size`` and save both to ``out_dir``."""
+def build_local_model(
+    size: str, texts: Iterable[str], out_dir: str | Path, seed: int = 0, tokenizer: str = "local"
+) -> Path:
+    """Build a model of ``size`` with a tokenizer and save both to ``out_dir``. ``tokenizer``: ``local``
+    trains one on ``texts`` (every tag one special token); ``qwen2.5`` is Qwen2.5's real vocabulary (tags
+    are text; ``texts`` is not read)."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
+    if size.startswith("qwen") and tokenizer == "local":
+        raise ValueError(f"model size {size!r} has Qwen2.5's vocabulary: set model.tokenizer: qwen2.5")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(texts, SIZES[size].vocab_size)
-    model = build_model(size, tokenizer, seed=seed)
-    tokenizer.save_pretrained(str(out))
+    if tokenizer == "local":
+        tok = train_tokenizer(texts, SIZES[size].vocab_size)
+        model = build_model(size, tok, seed=seed)
+    else:
+        from searchrl.models.qwen import VOCAB_ROWS, end_of_turn_ids, qwen_tokenizer
+
+        tok = qwen_tokenizer(name=tokenizer)
+        model = build_model(size, tok, seed=seed, vocab_rows=VOCAB_ROWS, eos_ids=end_of_turn_ids(tok))
+    tok.save_pretrained(str(out))
     model.save_pretrained(str(out))
-    (out / "searchrl_model.json").write_text(
-        __import__("json").dumps({"size": size, "seed": seed, **asdict(SIZES[size])}, indent=1),
-        encoding="utf-8",
-    )
+    card = {"size": size, "seed": seed, "tokenizer": tokenizer, **asdict(SIZES[size])}
+    (out / "searchrl_model.json").write_text(json.dumps(card, indent=1), encoding="utf-8")
     return out
 
 

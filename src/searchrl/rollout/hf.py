@@ -47,12 +47,10 @@ class HFGenerator:
         self._saved: dict[Hashable, _Saved] = {}
         self.reused_tokens = 0  # prompt tokens served from a kept cache instead of prefilled (a counter)
         self.model_context = model_context or (lambda: nullcontext(self.model))
-        self.eos_ids = {i for i in [tokenizer.eos_token_id] if i is not None}
+        self.eos_ids = {i for i in [tokenizer.eos_token_id] if i is not None}  # and the model's, see _eos
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stop_ids, self.stop_texts = split_stops(tokenizer, stop_strings)
-        self._tail = (
-            max((len(tokenizer.encode(s, add_special_tokens=False)) for s in self.stop_texts), default=0) + 2
-        )
+        self.text_stop = TextStop(tokenizer, self.stop_texts)
 
     @torch.no_grad()
     def generate(
@@ -65,6 +63,7 @@ class HFGenerator:
             raise ValueError(f"{len(cache_keys)} cache keys for {len(prompts)} prompts")
         out: list[Generation] = []
         with self.model_context() as model:
+            self.eos_ids |= model_eos_ids(model)
             was_training = model.training
             model.eval()
             try:
@@ -169,7 +168,7 @@ class HFGenerator:
                 logps[b].append(tok_logp[j])
                 if t in self.eos_ids:
                     finish[b] = "eos"
-                elif t in self.stop_ids or (self.stop_texts and self._text_stop(tokens[b])):
+                elif t in self.stop_ids or self.text_stop(tokens[b]):
                     finish[b] = "stop"
                     if keys is not None and self.reuse_cache:  # all but the stop token have been fed
                         self._save(keys[b], prompts[b] + tokens[b][:-1], cache, j, mask)
@@ -189,9 +188,31 @@ class HFGenerator:
             cache, logits_last = out.past_key_values, out.logits[:, -1, :]
         return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish)]  # type: ignore[arg-type]
 
-    def _text_stop(self, row: list[int]) -> bool:
-        tail = self.tokenizer.decode(row[-self._tail :])
+
+class TextStop:
+    """Whether a row's generated ids now contain a stop tag that is text in this vocabulary (Qwen2.5:
+    ``</search>`` is ``</`` ``search`` ``>``, or ``?</`` … ``>\n\n`` glued to its neighbours, or any
+    other split the model happens to sample). Checked after every token, so it fires at the token that
+    completes the first tag, even when that token carries more characters. A tag of n characters spans at
+    most n tokens (each token adds at least one of its characters), so the last n+1 tokens are decoded."""
+
+    def __init__(self, tokenizer: Any, stop_texts: Sequence[str]) -> None:
+        self.tokenizer, self.stop_texts = tokenizer, list(stop_texts)
+        self.window = max((len(s) for s in self.stop_texts), default=0) + 1
+
+    def __call__(self, row: Sequence[int]) -> bool:
+        if not self.stop_texts:
+            return False
+        tail = self.tokenizer.decode(list(row[-self.window :]))
         return any(s in tail for s in self.stop_texts)
+
+
+def model_eos_ids(model: Any) -> set[int]:
+    """The end-of-sequence ids a model's generation config names (Qwen2.5: ``<|im_end|>`` and
+    ``<|endoftext|>``), besides the tokenizer's EOS."""
+    cfg = getattr(model, "generation_config", None)
+    eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+    return set(eos) if isinstance(eos, list | tuple) else ({eos} if isinstance(eos, int) else set())
 
 
 def _top_p(logp: torch.Tensor, top_p: float) -> torch.Tensor:

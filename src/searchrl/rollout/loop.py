@@ -126,7 +126,8 @@ def run(
             )
             texts = [tokenizer.decode(g.token_ids) for g in gens]  # decoded to parse, never re-tokenized
             ended = [g.finish != "stop" or not g.token_ids for g in gens]
-            results = env.step_batch([trajs[i].state for i in live], texts, ended)  # type: ignore[misc]
+            stopped = [not e for e in ended]  # at a closing tag, which may end inside the last token
+            results = env.step_batch([trajs[i].state for i in live], texts, ended, stopped)  # type: ignore[misc]
             for i, g, (obs, done, info) in zip(live, gens, results):
                 t = trajs[i]
                 taken[i] += 1
