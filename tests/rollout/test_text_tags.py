@@ -194,17 +194,21 @@ def test_segments_decode_to_the_transcript_and_the_mask_covers_exactly_the_sampl
         assert batch.input_ids[b][batch.obs_mask[b]].tolist() == obs
 
 
-def test_sampler_and_trainer_log_probs_agree(trajectories, fragment_model, qwen_tok):
-    _, trajs = trajectories
-    batch = build_batch(trajs, qwen_tok.pad_token_id)
+def logprob_gap(model, trajs, pad_id: int, temperature: float) -> float:
+    """Largest difference between the sampler's log-probs and a full forward pass's, over action tokens."""
+    batch = build_batch(trajs, pad_id)
     pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        logits = fragment_model(
+        logits = model(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos
         ).logits
-    ours = token_logprobs(logits, batch.input_ids, 1.0, mask=batch.loss_mask)
-    gap = ((ours - batch.sampled_logprobs).abs() * batch.loss_mask).max()
-    assert float(gap) <= 1e-4
+    ours = token_logprobs(logits, batch.input_ids, temperature, mask=batch.loss_mask)
+    return float(((ours - batch.sampled_logprobs).abs() * batch.loss_mask).max())
+
+
+def test_sampler_and_trainer_log_probs_agree(trajectories, fragment_model, qwen_tok):
+    _, trajs = trajectories
+    assert logprob_gap(fragment_model, trajs, qwen_tok.pad_token_id, 1.0) <= 1e-4
 
 
 @settings(max_examples=200, deadline=None)
@@ -248,11 +252,4 @@ def test_sampler_and_trainer_log_probs_agree_over_the_full_vocabulary(qwen_tok, 
     trajs, _ = rollout(
         small_world.examples("train")[:4], env, gen, qwen_tok, SamplingParams(0.7, 1.0, 12), 2, 200
     )
-    batch = build_batch(trajs, qwen_tok.pad_token_id)
-    pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos
-        ).logits
-    ours = token_logprobs(logits, batch.input_ids, 0.7, mask=batch.loss_mask)
-    assert float(((ours - batch.sampled_logprobs).abs() * batch.loss_mask).max()) <= 1e-4
+    assert logprob_gap(model, trajs, qwen_tok.pad_token_id, 0.7) <= 1e-4

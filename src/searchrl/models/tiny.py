@@ -86,8 +86,11 @@ def build_model(size: str | ModelSize, tokenizer, seed: int = 0, vocab_rows: int
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=True,
-        rope_theta=1_000_000.0 if spec.max_position_embeddings > 2048 else 10_000.0,
-        rms_norm_eps=1e-6,
+        # Qwen2.5's RoPE base (1e6) for the Qwen shape; the small local models keep the default 1e4
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1e6 if spec.max_position_embeddings > 2048 else 1e4,
+        },
         eos_token_id=eos[0] if len(eos) == 1 else eos,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
