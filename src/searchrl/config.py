@@ -58,6 +58,8 @@ class SummarizerConfig:
 class EnvConfig:
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     tags: str = field(default="search_r1", metadata={"choices": "tagsets"})
+    # the prompt: short, search_r1, research (plain text, for base models), or search_r1_instruct,
+    # research_instruct, short_chat (through the tokenizer's chat template, for instruct models)
     template: str = field(default="short", metadata={"choices": "templates"})
     topk: int = 3
     max_turns: int = 4  # non-answer actions per episode before the answer is forced
@@ -247,9 +249,9 @@ def _registries() -> dict[str, Registry[Any]]:
 
 
 def _choices(name: str) -> list[str]:
-    from searchrl.envs.tags import TAGSETS, TEMPLATES
+    from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES
 
-    return {"tagsets": list(TAGSETS), "templates": list(TEMPLATES)}[name]
+    return {"tagsets": list(TAGSETS), "templates": [*TEMPLATES, *CHAT_TEMPLATES]}[name]
 
 
 # ---------------------------------------------------------------------------------------------- loading

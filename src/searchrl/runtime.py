@@ -17,6 +17,7 @@ from searchrl.envs.retrievers import build_retriever
 from searchrl.envs.retrievers.base import Retriever
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.world import World
+from searchrl.envs.tags import CHAT_TEMPLATES, TEMPLATES
 from searchrl.errors import ConfigError
 
 
@@ -85,9 +86,33 @@ class Runtime:
 
     def env(self) -> SearchEnv:
         e = self.exp.env
+        chat = self.chat_format if e.template in CHAT_TEMPLATES else None
         return SearchEnv(self.retriever, tags=e.tags, template=e.template, topk=e.topk, max_turns=e.max_turns,
                          max_query_chars=e.max_query_chars, on_budget=e.on_budget,
-                         doc_max_words=e.doc_max_words, agent=e.agent, summarizer=self.summarizer)  # fmt: skip
+                         doc_max_words=e.doc_max_words, agent=e.agent, summarizer=self.summarizer, chat=chat)  # fmt: skip
+
+    @cached_property
+    def chat_format(self) -> Any:
+        """The model's chat template as a function of the messages, with the assistant turn opened."""
+        from transformers import AutoTokenizer
+
+        m = self.exp.model
+        if m.path is None and m.tokenizer == "local":  # trained on the world, without a chat template
+            raise ConfigError(f"template '{self.exp.env.template}' renders the prompt through the model's chat "
+                              "template; the local tokenizer has none", key="env.template", value=self.exp.env.template,
+                              choices=list(TEMPLATES), hint="set model.tokenizer: qwen2.5, or use a plain template")  # fmt: skip
+        path = local_model_dir(self)
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=Path(path).is_dir())
+        if not tok.chat_template:
+            raise ConfigError(f"template '{self.exp.env.template}' renders the prompt through the model's chat "
+                              f"template, but the tokenizer in {path} has none", key="env.template",
+                              value=self.exp.env.template, choices=list(TEMPLATES),
+                              hint="use a plain template, or model.tokenizer: qwen2.5 / an instruct model")  # fmt: skip
+
+        def render(messages: list[dict[str, Any]]) -> str:
+            return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+        return render
 
 
 def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -> list[str]:
@@ -105,7 +130,12 @@ def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -
         texts += [" ".join(names)] * 3
     for tags in TAGSETS.values():
         styled = SearchEnv(
-            env.retriever, tags=tags, template=env.template, topk=env.topk, max_turns=env.max_turns
+            env.retriever,
+            tags=tags,
+            template=env.template,
+            topk=env.topk,
+            max_turns=env.max_turns,
+            chat=env.chat,
         )
         cfg = replace(TeacherConfig(), noisy=True, rename_prob=0.5)
         for rec in teacher_records(styled, world, world.examples("train")[:teacher_examples], cfg):

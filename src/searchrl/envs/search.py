@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example
 from searchrl.envs.retrievers.base import Retriever
-from searchrl.envs.tags import TAGSETS, TEMPLATES, TagSet
+from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES, ChatTemplate, TagSet
 
 INVALID_FEEDBACK = (
     "\nMy previous action is invalid. If I want to search, I should put the query between {so} and {sc}. "
@@ -100,7 +101,11 @@ class SearchEnv:
         doc_max_words: int | None = None,
         agent: str = "react",
         summarizer: Callable[[Sequence[tuple[str, str, Sequence[Doc]]]], list[str]] | None = None,
+        chat: Callable[[list[dict[str, Any]]], str] | None = None,
     ) -> None:
+        """``template``: a name in `TEMPLATES` (plain prompts, for base models), in `CHAT_TEMPLATES` (rendered
+        through ``chat``, the tokenizer's chat template with the assistant turn opened, for instruct models),
+        or a format string with ``{question}``."""
         if on_budget not in ("force_answer", "end"):
             raise ValueError(f"on_budget must be 'force_answer' or 'end', got {on_budget!r}")
         if agent not in AGENTS:
@@ -113,7 +118,12 @@ class SearchEnv:
         self.summarizer = summarizer
         self.retriever = retriever
         self.tags = TAGSETS[tags] if isinstance(tags, str) else tags
-        self.template = TEMPLATES.get(template, template)
+        self.template: str | ChatTemplate = CHAT_TEMPLATES.get(template) or TEMPLATES.get(template, template)
+        if isinstance(self.template, ChatTemplate) and chat is None:
+            raise ValueError(
+                f"template {template!r} is rendered through a tokenizer's chat template: pass chat="
+            )
+        self.chat = chat
         self.topk, self.max_turns, self.max_query_chars = topk, max_turns, max_query_chars
         self.on_budget, self.doc_max_words = on_budget, doc_max_words
 
@@ -124,7 +134,10 @@ class SearchEnv:
         ``rag`` retrieves with the question itself, shows those documents, then answers at once;
         ``research`` searches in turns like ``react``, but its state is the question and the (query,
         summary) pairs of its searches so far, re-rendered at every step (see `render`)."""
-        prompt = self.template.format(question=example.question)
+        if isinstance(self.template, ChatTemplate):
+            prompt = self.chat(self.template.messages(example.question))  # type: ignore[misc]
+        else:
+            prompt = self.template.format(question=example.question)
         if self.agent in ("react", "research"):
             return EnvState(example=example, prompt=prompt)
         if self.agent == "rag":

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -79,4 +80,43 @@ TEMPLATES: dict[str, str] = {
         "phrase) by <answer> answer </answer>.\n### Original Question\n{question}\n"
         "### Information-seeking History\n"
     ),
+}
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A prompt for an instruction-tuned model, rendered through the tokenizer's chat template as a system
+    turn (``None``: the template's default, e.g. Qwen2.5's) and a user turn, with the assistant's turn
+    opened. The whole episode then stays in that one assistant turn: actions are generated and
+    observations appended as text, as Search-R1 and ReSearch do."""
+
+    system: str | None
+    user: str  # "{question}" is filled in
+
+    def messages(self, question: str) -> list[dict[str, Any]]:
+        turns = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return [*turns, {"role": "user", "content": self.user.format(question=question)}]
+
+
+# ReSearch Table 1: "System Prompt Template For Instruction-Tuned Model"
+RESEARCH_SYSTEM = (
+    "You are a helpful assistant that can solve the given question step by step with the help of the wikipedia "
+    "search tool. Given a question, you need to first think about the reasoning process in the mind and then "
+    "provide the answer. During thinking, you can invoke the wikipedia search tool to search for fact information "
+    "about specific topics if needed. The reasoning process and answer are enclosed within <think> </think> and "
+    "<answer> </answer> tags respectively, and the search query and result are enclosed within <search> "
+    "</search> and <result> </result> tags respectively. For example, <think> This is the reasoning process. "
+    "</think> <search> search query here </search> <result> search result here </result> <think> This is the "
+    "reasoning process. </think> <answer> The final answer is \\boxed{answer here} </answer>. In the last part "
+    "of the answer, the final exact answer is enclosed within \\boxed{} with latex format."
+)
+
+# Instruct variants. Search-R1's code puts its prompt in the user turn and lets the model's chat template add
+# its default system prompt; ReSearch's instruct prompt is the system turn and the question the user turn.
+CHAT_TEMPLATES: dict[str, ChatTemplate] = {
+    "search_r1_instruct": ChatTemplate(None, TEMPLATES["search_r1"].rstrip("\n")),
+    "research_instruct": ChatTemplate(RESEARCH_SYSTEM, "{question}"),
+    "short_chat": ChatTemplate(
+        None, "Question: {question}"
+    ),  # the short prompt as a user turn (small models)
 }
