@@ -93,7 +93,7 @@ class SearchEnv:
         self,
         retriever: Retriever,
         tags: str | TagSet = "search_r1",
-        template: str = "search_r1",
+        template: str | ChatTemplate = "search_r1",
         topk: int = 3,
         max_turns: int = 4,
         max_query_chars: int = 256,
@@ -118,7 +118,9 @@ class SearchEnv:
         self.summarizer = summarizer
         self.retriever = retriever
         self.tags = TAGSETS[tags] if isinstance(tags, str) else tags
-        self.template: str | ChatTemplate = CHAT_TEMPLATES.get(template) or TEMPLATES.get(template, template)
+        if isinstance(template, str):
+            template = CHAT_TEMPLATES.get(template) or TEMPLATES.get(template, template)
+        self.template: str | ChatTemplate = template
         if isinstance(self.template, ChatTemplate) and chat is None:
             raise ValueError(
                 f"template {template!r} is rendered through a tokenizer's chat template: pass chat="
