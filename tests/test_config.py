@@ -99,7 +99,9 @@ def test_unknown_retriever_reward_algorithm_names(tmp_path):
 def test_bad_choice_and_dotted_reward_path(tmp_path):
     with pytest.raises(ConfigError, match=r"key 'env.tags': invalid value(.|\n)*valid: research, search_r1"):
         load_experiment(None, ["env.tags=resarch"])
-    with pytest.raises(ConfigError, match=r"key 'model.size': invalid value(.|\n)*valid: base, small, tiny"):
+    with pytest.raises(
+        ConfigError, match=r"key 'model.size': invalid value(.|\n)*valid: base, qwen2.5-0.5b, small, tiny"
+    ):
         load_experiment(None, ["model.size=huge"])
     exp = load_experiment(None, ["rewards=[{name: 'searchrl.rewards.outcome:f1_reward'}]"])
     assert exp.rewards[0].name.endswith(":f1_reward")

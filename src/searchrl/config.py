@@ -150,6 +150,9 @@ class TrainerConfig:
     eval_split: str = "dev"
     eval_limit: int | None = 200
     log_entropy: bool = True
+    # log-probs from the final hidden states, the output layer applied only at action tokens and in chunks:
+    # no (batch, tokens, vocabulary) logits tensor (2.5 GB per 4,096 tokens at Qwen2.5's vocabulary)
+    lean_logprobs: bool = True
     tensorboard: bool = False
     wandb_project: str | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"

@@ -35,9 +35,10 @@ def ids_reward(traj: Any, **_: Any) -> float:
 if "dist_e2e_ids" not in REWARDS:
     register_reward("dist_e2e_ids")(ids_reward)
 
-ONLINE = ("grpo", "grpo-lora", "ppo", "ppo-lora", "steppo", "slate")
+ONLINE = ("grpo", "grpo-full-logits", "grpo-lora", "ppo", "ppo-lora", "steppo", "slate")
 CASES: dict[str, dict[str, Any]] = {
     "grpo": {"algorithm": "grpo", "args": {"kl_coef": 0.05}},
+    "grpo-full-logits": {"algorithm": "grpo", "args": {"kl_coef": 0.05}, "lean": False},
     "grpo-lora": {"algorithm": "grpo", "args": {"kl_coef": 0.05}, "lora": True},
     "ppo": {"algorithm": "ppo", "args": {"kl_coef": 0.05, "adaptive_kl": True, "kl_horizon": 100}},
     "ppo-lora": {"algorithm": "ppo", "args": {"kl_coef": 0.05}, "lora": True},
@@ -74,7 +75,7 @@ def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
     return over
 
 
-def trainer_config(steps: int = 3) -> Any:
+def trainer_config(steps: int = 3, lean: bool = True) -> Any:
     """Plain SGD without clipping, so that the update is the gradient itself and a wrong gradient shows
     in the weights (Adam's first step would hide its scale)."""
     from searchrl.config import TrainerConfig
@@ -87,6 +88,7 @@ def trainer_config(steps: int = 3) -> Any:
         optimizer="sgd",
         max_grad_norm=1e9,
         save_every=10**6,
+        lean_logprobs=lean,
         log_entropy=True,
     )
 
@@ -128,7 +130,7 @@ def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: 
         algorithm=spec["algorithm"],
         algorithm_args=spec["args"],
         model_path=model,
-        cfg=trainer_config(steps),
+        cfg=trainer_config(steps, spec.get("lean", True)),
         out_dir=out,
         runtime=rt,
         records=records(rt, case),

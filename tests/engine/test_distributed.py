@@ -174,6 +174,21 @@ def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> N
     assert logged["reward/dist_e2e_ids"] == pytest.approx(sum(ids) / len(ids))
 
 
+def test_lean_log_probs_equal_the_full_logits_path(run):
+    """The same first step (same seed, so the same rollouts) with log-probs from the full logits and from
+    the lean path (output layer at action tokens only; under ZeRO-3 the layer's weight is gathered)."""
+    _, out = run
+    lean, full = ranks(out, "grpo")[0], ranks(out, "grpo-full-logits")[0]
+    assert [t.token_ids for t in lean["collected"]] == [t.token_ids for t in full["collected"]]
+    a, b = untimed(lean["logged"][0]), untimed(full["logged"][0])
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-5), k
+    sa = torch.load(out / "grpo" / "state-after-step-1.pt")
+    sb = torch.load(out / "grpo-full-logits" / "state-after-step-1.pt")
+    assert all(torch.allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6) for k in sa)
+
+
 def test_evaluation_checkpoint_and_resume(run):
     _, out = run
     r = ranks(out, "grpo")

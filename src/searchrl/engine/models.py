@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from searchrl.config import LoraConfig
+from searchrl.models.lean_head import add_lean_head
 from searchrl.models.load import load_model_and_tokenizer
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -58,7 +59,8 @@ class PolicyWithValue(torch.nn.Module):
     def forward(self, *args: Any, values: bool = False, **kwargs: Any) -> Any:
         if not values:
             return self.lm(*args, **kwargs)
-        out = self.lm(*args, output_hidden_states=True, **kwargs)
+        kwargs["output_hidden_states"] = True
+        out = self.lm(*args, **kwargs)
         h = out.hidden_states[-1]
         v = self.value_head(h.detach() if self.detach_trunk else h).squeeze(-1).float()
         return out, torch.nn.functional.pad(v[:, :-1], (1, 0))
@@ -87,6 +89,7 @@ def load_policy(path: str, dtype: str = "float32", lora: LoraConfig | None = Non
                 detach_trunk: bool = False) -> tuple[Any, Any]:  # fmt: skip
     """The trainable policy (LoRA-wrapped if configured), with a value head for actor-critic methods."""
     model, tokenizer = load_model_and_tokenizer(path, dtype=dtype)
+    add_lean_head(model)  # before peft wraps it
     model.config.use_cache = False  # training forward passes; generation turns the cache on explicitly
     if lora is not None:
         from peft import LoraConfig as PeftLoraConfig
@@ -130,7 +133,7 @@ class Reference:
         self.frozen: Any = None
         if not self.shared:
             frozen, _ = load_model_and_tokenizer(model_path, dtype=dtype)
-            frozen.eval().requires_grad_(False)
+            add_lean_head(frozen).eval().requires_grad_(False)
             self.frozen = engine.prepare_frozen(frozen)
 
     @contextmanager
@@ -142,11 +145,6 @@ class Reference:
             yield self.frozen
 
 
-def forward_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) of a right-padded batch."""
-    return forward(model, input_ids, attention_mask)[0]
-
-
 def forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, values: bool = False
             ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Logits (B, T, V) of a right-padded batch and, from a `PolicyWithValue`, values (B, T)."""
@@ -155,3 +153,17 @@ def forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, v
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
                 **kw)  # fmt: skip
     return (out[0].logits, out[1]) if values else (out.logits, None)
+
+
+def forward_lean(model: Any, batch_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
+                 temperature: float, entropy: bool = False, values: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    """Log-probs and entropy (B, T) of the ``mask`` positions, and values (B, T) from a `PolicyWithValue`,
+    without a (B, T, V) logits tensor (`models.lean_head`; the LM must have been patched by
+    `add_lean_head`, as `load_policy` and `Reference` do)."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    kw: dict[str, Any] = {"values": True} if values else {}
+    out = model(input_ids=batch_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                lean_mask=mask, lean_temperature=temperature, lean_entropy=entropy, **kw)  # fmt: skip
+    lean, v = (out[0], out[1]) if values else (out, None)
+    return lean.logprobs, lean.entropy, v

@@ -27,7 +27,7 @@ from searchrl.config import ConfigError, TrainerConfig, from_dict
 from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.metrics import MetricsSink
-from searchrl.engine.models import Reference, forward, load_policy
+from searchrl.engine.models import Reference, forward, forward_lean, load_policy
 from searchrl.functional import token_entropy, token_logprobs, token_weights
 from searchrl.masking import build_batch
 from searchrl.rollout.generator import GENERATORS, SamplingParams
@@ -148,7 +148,12 @@ class Trainer:
     # --------------------------------------------------------------------------------------- passes
     def _logprobs(self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
-        """Log-probs (and entropy, values) of the batch's action tokens under ``model``; 0 elsewhere."""
+        """Log-probs (and entropy, values) of the batch's action tokens under ``model``; 0 elsewhere.
+        ``trainer.lean_logprobs``: the output layer applied at the action tokens only, in tiles
+        (`models.lean_head`); otherwise from the full logits."""
+        if self.cfg.lean_logprobs:
+            return forward_lean(model, batch.input_ids, batch.attention_mask, batch.loss_mask, self.temperature,
+                                entropy, values)  # fmt: skip
         logits, v = forward(model, batch.input_ids, batch.attention_mask, values=values)
         logp = token_logprobs(logits, batch.input_ids, self.temperature, mask=batch.loss_mask)
         ent = None

@@ -1,0 +1,84 @@
+"""Log-probabilities of chosen tokens without a (batch, tokens, vocabulary) logits tensor.
+
+At Qwen2.5's 151,936 rows, float32 logits of one 4,096-token sequence take 2.5 GB. `add_lean_head` patches
+a Hugging Face causal LM so that ``model(..., lean_mask=mask)`` runs the backbone, then applies the output
+layer only at the positions the mask selects (the action tokens: position t is predicted from the hidden
+state at t - 1), in tiles, with TRL's chunked log-prob autograd function (`trl.kernels`): forward folds each
+tile into an online log-sum-exp, backward recomputes it, so no tile outlives its use. Under ZeRO-3 the
+output layer's weight is gathered for both (TRL's `maybe_gather_lm_head_ctx`); the projection runs inside
+the model's own forward, so DDP and DeepSpeed see it as part of their forward. Without ``lean_mask`` the
+model behaves as before (generation is unchanged).
+
+The patched forward returns `LeanOutput`: per-token log-probs and entropy (B, T), 0 off the mask, aligned like
+`functional.token_logprobs`, and the final hidden states (for a value head).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.utils import ModelOutput
+
+VOCAB_TILE = 8192  # output-layer rows per tile: 4,096 positions x 8,192 rows of float32 = 128 MB at most
+
+
+@dataclass
+class LeanOutput(ModelOutput):
+    logprobs: torch.Tensor | None = None  # (B, T) log p(input_ids[t] | input_ids[<t]) where lean_mask is 1
+    entropy: torch.Tensor | None = None  # (B, T) entropy of that next-token distribution (no gradient)
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # (final hidden states (B, T, H),)
+
+
+def add_lean_head(model: Any) -> Any:
+    """Patch ``model`` (a Hugging Face causal LM, before any peft wrapping) in place; returns it."""
+    if getattr(model, "_searchrl_lean_head", False):
+        return model
+    original = model.forward
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    softcap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None) or 1.0
+
+    @functools.wraps(type(model).forward)
+    def forward(self: Any, *args: Any, lean_mask: torch.Tensor | None = None, lean_temperature: float = 1.0,
+                lean_entropy: bool = False, **kwargs: Any) -> Any:  # fmt: skip
+        if lean_mask is None:
+            return original(*args, **kwargs)
+        from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+        input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        for k in ("output_hidden_states", "logits_to_keep", "labels"):
+            kwargs.pop(k, None)
+        kwargs["use_cache"] = False
+        hidden = self.base_model(*args, **kwargs).last_hidden_state  # (B, T, H)
+        head = self.get_output_embeddings()
+        bias = getattr(head, "bias", None)
+        pos = lean_mask[:, 1:].bool()
+        with maybe_gather_lm_head_ctx(*([head.weight] if bias is None else [head.weight, bias])):
+            logprobs, entropy, *_ = ChunkedLogProbFunction.apply(
+                hidden[:, :-1][pos],
+                head.weight,
+                bias,
+                input_ids[:, 1:][pos],
+                float(lean_temperature),
+                VOCAB_TILE,
+                softcap,
+                float(scale),
+                ("entropy",) if lean_entropy else (),
+            )
+        where = F.pad(pos, (1, 0))
+        zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=hidden.device)
+        return LeanOutput(
+            logprobs=zeros.masked_scatter(where, logprobs.float()),
+            entropy=None if entropy is None else zeros.masked_scatter(where, entropy.detach().float()),
+            hidden_states=(hidden,),
+        )
+
+    model.forward = types.MethodType(forward, model)
+    model._searchrl_lean_head = True
+    return model

@@ -1,0 +1,98 @@
+"""Lean log-probs (`models.lean_head`: the output layer applied only at action tokens, in tiles, inside the
+model's forward) equal the full-logits path: values, entropy and gradients; Qwen2 and Llama, tied and
+untied output layers, LoRA, the value head; generation unchanged. (Under ZeRO-3 and DDP:
+tests/engine/test_distributed.py, case grpo-full-logits.)"""
+
+import pytest
+import torch
+
+from searchrl.config import TrainerConfig
+from searchrl.engine.models import PolicyWithValue, forward, forward_lean
+from searchrl.functional import token_entropy, token_logprobs
+from searchrl.models.lean_head import add_lean_head
+
+
+def random_batch(V: int, B: int = 3, T: int = 11, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    attention = torch.ones(B, T, dtype=torch.long)
+    attention[1, 8:] = 0  # right padding
+    mask = (torch.rand(B, T, generator=g) > 0.4).float() * attention
+    mask[:, 0] = 0
+    return ids, attention, mask
+
+
+def llama(V: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
+    return add_lean_head(LlamaForCausalLM(cfg))
+
+
+def qwen(V: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(2)
+    cfg = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    return add_lean_head(Qwen2ForCausalLM(cfg))
+
+
+def with_lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(3)
+    return get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+
+
+@pytest.mark.parametrize("build", ["qwen", "llama", "qwen-lora", "qwen-value-head", "qwen-large-vocab"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_lean_equals_full_with_gradients(build, temperature, monkeypatch):
+    V = 20000 if build == "qwen-large-vocab" else 300
+    if build == "qwen-large-vocab":  # several vocabulary tiles
+        monkeypatch.setattr("searchrl.models.lean_head.VOCAB_TILE", 4096)
+    model = {"qwen": qwen, "llama": llama, "qwen-lora": lambda v: with_lora(qwen(v)),
+             "qwen-value-head": lambda v: PolicyWithValue(qwen(v)), "qwen-large-vocab": qwen}[build](V)  # fmt: skip
+    values = build == "qwen-value-head"
+    if values:
+        torch.nn.init.normal_(model.value_head.weight)
+    ids, attention, mask = random_batch(V)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(lean: bool):
+        model.zero_grad()
+        if lean:
+            lp, ent, v = forward_lean(model, ids, attention, mask, temperature, entropy=True, values=values)
+        else:
+            logits, v = forward(model, ids, attention, values=values)
+            lp = token_logprobs(logits, ids, temperature, mask=mask)
+            ent = token_entropy(logits.detach() / temperature, mask)
+        loss = (lp * mask * torch.linspace(-1, 2, lp.shape[1])).sum() + (
+            0.0 if v is None else (v * mask).sum()
+        )
+        loss.backward()
+        return lp.detach(), ent, v, [p.grad.clone() for p in params]
+
+    lp_l, ent_l, v_l, g_l = run(True)
+    lp_f, ent_f, v_f, g_f = run(False)
+    assert torch.allclose(lp_l, lp_f, atol=1e-5) and torch.allclose(ent_l, ent_f, atol=1e-5)
+    assert (v_l is None) == (v_f is None) and (v_l is None or torch.allclose(v_l, v_f, atol=1e-5))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_l, g_f))
+
+
+def test_generation_is_unchanged_by_the_patch():
+    ids = torch.randint(0, 300, (2, 5))
+    plain = qwen(300)
+    plain.forward = type(plain).forward.__get__(plain)  # the original forward
+    patched = qwen(300)
+    a = plain.generate(ids, max_new_tokens=6, do_sample=False)
+    b = patched.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(a, b)
+
+
+def test_trainer_defaults_to_the_lean_path():
+    assert TrainerConfig().lean_logprobs is True
