@@ -2,8 +2,9 @@
 
     python benchmarks/zero3_overhead.py --world WORLD_DIR --model MODEL_DIR [--repeats 3]
 
-Runs tests/engine/dist_check.py (one GRPO step with a full rollout) under each accelerate config and reports
-the step time it measured (rollout + log-prob passes + update). CPU only: GPU numbers need a GPU.
+Runs tests/engine/dist_e2e.py (case grpo, or grpo-lora: GRPO steps with real rollouts, each process on its
+own questions) under each accelerate config and reports the first step's time (rollout + log-prob passes +
+update, the slower process). CPU only: GPU numbers need a GPU.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import shutil
 import statistics
 import subprocess
@@ -18,10 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 REPO = Path(__file__).resolve().parents[1]
-CHECK = REPO / "tests" / "engine" / "dist_check.py"
+CHECK = REPO / "tests" / "engine" / "dist_e2e.py"
 CONFIGS = {"ddp": ("cpu_ddp.yaml", {"ACCELERATE_USE_CPU": "1"}), "zero3": ("cpu_zero3.yaml", {})}
 
 
@@ -37,16 +37,18 @@ def main() -> None:
     res: dict[str, list[float]] = {}
     for name, (cfg, extra) in CONFIGS.items():
         for _ in range(a.repeats):
-            out = Path(tempfile.mkdtemp()) / "r.pt"
+            out = Path(tempfile.mkdtemp())
+            case = "grpo-lora" if a.lora else "grpo"
             env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"} | {
                 "OMP_NUM_THREADS": "1",
                 **extra,
             }
             cmd = [accelerate, "launch", "--config_file", str(REPO / "experiments" / "accelerate" / cfg),
                    "--main_process_port", "0", str(CHECK), "--world", a.world, "--model", a.model, "--out", str(out),
-                   *(["--lora"] if a.lora else [])]  # fmt: skip
+                   "--case", case]  # fmt: skip
             subprocess.run(cmd, env=env, check=True, capture_output=True)
-            res.setdefault(name, []).append(torch.load(out)["step_s"])
+            logged = pickle.loads((out / case / "rank0.pkl").read_bytes())["logged"]
+            res.setdefault(name, []).append(logged[0]["time/step_s"])
     mean = {k: statistics.mean(v) for k, v in res.items()}
     print("| setup | seconds per GRPO step (2 CPU processes) | runs |\n|---|---|---|")
     for k, v in res.items():

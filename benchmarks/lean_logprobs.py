@@ -1,0 +1,108 @@
+"""Peak memory and time of one training step's log-prob pass, lean (`models.lean_head`) against full logits.
+
+    python benchmarks/lean_logprobs.py [--vocab 151936] [--tokens 2048] [--hidden 256] [--layers 2]
+
+A Qwen2 model with Qwen2.5's vocabulary (151,936 rows) and a small trunk, one sequence of ``--tokens``
+tokens of which ``--action-fraction`` are action tokens (the rest prompt and retrieved text), forward and
+backward of a policy-gradient-shaped loss Σ w_t log p_t. Each variant runs in its own process; peak memory
+is the process's peak resident set size minus its size before the step. CPU numbers (this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def one(a: argparse.Namespace) -> dict[str, float]:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from searchrl.engine.models import forward, forward_lean
+    from searchrl.functional import token_logprobs
+    from searchrl.models.lean_head import add_lean_head
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 4,
+                      num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    model = add_lean_head(Qwen2ForCausalLM(cfg))
+    ids = torch.randint(0, a.vocab, (1, a.tokens))
+    attention = torch.ones_like(ids)
+    mask = (torch.rand(1, a.tokens) < a.action_fraction).float()
+    weights = torch.randn(1, a.tokens)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        if a.variant == "lean":
+            lp = forward_lean(model, ids, attention, mask, 1.0)[0]
+        else:
+            logits, _ = forward(model, ids, attention)
+            lp = token_logprobs(logits, ids, 1.0, mask=mask)
+        (lp * mask * weights).sum().backward()
+
+    step()  # warm-up (allocator, lazy init)
+    model.zero_grad(set_to_none=True)
+    before = rss_mb()
+    times = []
+    for _ in range(a.repeats):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": statistics.median(times), "peak_rss_mb": peak, "step_peak_mb": peak - before}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--action-fraction", type=float, default=0.5)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--variant", choices=["lean", "full"], help=argparse.SUPPRESS)  # one process per variant
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    a = p.parse_args()
+    if a.variant:
+        print(json.dumps(one(a)))
+        return
+    rows = {}
+    for variant in ("full", "lean"):
+        args = [a for a in sys.argv[1:] if not a.startswith("--out")]
+        proc = subprocess.run([sys.executable, __file__, *args, "--variant", variant], capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        rows[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    head = f"V={a.vocab}, T={a.tokens}, hidden {a.hidden}, {a.layers} layers, {a.action_fraction:.0%} action tokens"
+    lines = [f"# Log-prob pass of one training step (forward + backward), {head}", "",
+             "| path | seconds | peak RSS (MB) | peak above the model (MB) |", "|---|---|---|---|"]  # fmt: skip
+    for k, r in rows.items():
+        lines.append(
+            f"| {k} logits | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | {r['step_peak_mb']:.0f} |"
+        )
+    ratio = rows["lean"]["step_peak_mb"] / max(rows["full"]["step_peak_mb"], 1e-9)
+    lines.append(
+        f"\nlean / full: memory above the model {ratio:.2f}, time {rows['lean']['seconds'] / rows['full']['seconds']:.2f}"
+    )
+    print("\n".join(lines))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"V{a.vocab}-T{a.tokens}-h{a.hidden}"
+    (out / f"lean_logprobs-{tag}.json").write_text(json.dumps({"config": vars(a), "results": rows}, indent=1))
+    (out / f"lean_logprobs-{tag}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
