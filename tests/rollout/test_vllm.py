@@ -120,3 +120,34 @@ from searchrl.rewards import register_reward  # noqa: E402
 @register_reward("test_vllm_len")
 def _length_reward(traj):
     return float(sum(len(s.token_ids) for s in traj.segments if s.kind == "action") % 5)
+
+
+@pytest.fixture(scope="module")
+def qwen_shape_dir(tmp_path_factory):
+    """Qwen2.5-0.5B's configuration (hidden 896, 24 layers, 14 heads, 2 KV heads, vocab 151,936, tied) with
+    random weights and Qwen2.5's tokenizer: the tags are text, the vocabulary real."""
+    from searchrl.models.tiny import build_local_model
+
+    return build_local_model("qwen2.5-0.5b", [], tmp_path_factory.mktemp("qwen0.5b"), tokenizer="qwen2.5")
+
+
+@pytest.mark.vllm
+def test_qwen_shape_text_stops_logprobs_and_weight_sync(qwen_shape_dir):
+    """At Qwen2.5-0.5B's shape and vocabulary: tags are stop strings, the sampler's log-probs equal the
+    trainer's recompute, and after the policy's weights change the engine serves the new ones."""
+    from searchrl.rollout.vllm import VLLMGenerator
+
+    model, tok = load_model_and_tokenizer(qwen_shape_dir)
+    gen = VLLMGenerator(model, tok, ("</search>", "</answer>"), gpu_memory_utilization=0.5, dtype="float32",
+                        max_model_len=1024)  # fmt: skip
+    assert gen.stop_ids == set() and gen.stop_texts == ["</search>", "</answer>"]
+    prompts = [tok(f"Question: where was {w} born?\n<think>")["input_ids"] for w in ("Keve", "Zelka")]
+    params = SamplingParams(temperature=0.7, max_new_tokens=16)
+    for p, g in zip(prompts, gen.generate(prompts, params)):
+        assert torch.allclose(torch.tensor(g.logprobs), recompute(model, p, g, 0.7), atol=2e-3)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+    gen.release()  # the weights changed: the next generation re-syncs
+    [g] = gen.generate(prompts[:1], params)
+    assert gen.syncs == 2
+    assert torch.allclose(torch.tensor(g.logprobs), recompute(model, prompts[0], g, 0.7), atol=2e-3)

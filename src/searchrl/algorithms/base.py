@@ -71,6 +71,11 @@ class Algorithm(ABC):
         return float(getattr(self.cfg, "kl_coef", 0.0))
 
     @property
+    def softmax_negatives(self) -> int:
+        """> 0: the training pass uses a sampled softmax with this many negatives (SFT warm starts only)."""
+        return 0
+
+    @property
     def loss_agg(self) -> str:
         return str(getattr(self.cfg, "loss_agg", "token-mean"))
 

@@ -26,6 +26,10 @@ class SFTConfig:
     # "all": language modelling on the whole trajectory, documents included — for a model trained from
     # scratch (the local tiny models), whose documents repeat names and so teach it to copy them.
     loss_on: Literal["actions", "all"] = "actions"
+    # > 0: train with a sampled softmax (Jean et al., 2015) over the batch's tokens and this many sampled other
+    # rows (models.lean_head). For warm-starting a model with a large vocabulary (Qwen2.5's 151,936 rows) on a
+    # CPU; the model keeps every row and generation, RL and evaluation use the exact softmax. 0: exact.
+    sampled_softmax: int = 0
 
 
 def record_to_trajectory(rec: dict[str, Any], tokenizer: Any, example: Any = None, all_tokens: bool = False
@@ -62,6 +66,10 @@ class SFT(Algorithm):
 
     def num_items(self) -> int:
         return len(self.trajs)
+
+    @property
+    def softmax_negatives(self) -> int:
+        return int(self.cfg.sampled_softmax)
 
     def collect(self, indices: Sequence[int]) -> tuple[list[Trajectory], dict[str, float]]:
         picked = [self.trajs[i] for i in indices]

@@ -156,14 +156,14 @@ def forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, v
 
 
 def forward_lean(model: Any, batch_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
-                 temperature: float, entropy: bool = False, values: bool = False
+                 temperature: float, entropy: bool = False, values: bool = False, negatives: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """Log-probs and entropy (B, T) of the ``mask`` positions, and values (B, T) from a `PolicyWithValue`,
     without a (B, T, V) logits tensor (`models.lean_head`; the LM must have been patched by
-    `add_lean_head`, as `load_policy` and `Reference` do)."""
+    `add_lean_head`, as `load_policy` and `Reference` do). ``negatives``: a sampled softmax (training only)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     kw: dict[str, Any] = {"values": True} if values else {}
     out = model(input_ids=batch_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                lean_mask=mask, lean_temperature=temperature, lean_entropy=entropy, **kw)  # fmt: skip
+                lean_mask=mask, lean_temperature=temperature, lean_entropy=entropy, lean_negatives=negatives, **kw)  # fmt: skip
     lean, v = (out[0], out[1]) if values else (out, None)
     return lean.logprobs, lean.entropy, v

@@ -132,6 +132,9 @@ class Trainer:
             sum_all=eng.sum,
         )
         self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
+        if self.algo.softmax_negatives and not cfg.lean_logprobs:
+            raise ConfigError("a sampled softmax (sampled_softmax) needs the lean log-prob path", key="trainer.lean_logprobs",
+                              value=False, choices=["true"])  # fmt: skip
         kl = self.algo.kl_coef > 0
         self.reference = Reference(self.policy, eng, str(model_path), exp.model.dtype) if kl else None
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
@@ -146,14 +149,14 @@ class Trainer:
                                 wandb_project=cfg.wandb_project, desc=algorithm)  # fmt: skip
 
     # --------------------------------------------------------------------------------------- passes
-    def _logprobs(self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    def _logprobs(self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False,
+                  negatives: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
         """Log-probs (and entropy, values) of the batch's action tokens under ``model``; 0 elsewhere.
         ``trainer.lean_logprobs``: the output layer applied at the action tokens only, in tiles
         (`models.lean_head`); otherwise from the full logits."""
         if self.cfg.lean_logprobs:
             return forward_lean(model, batch.input_ids, batch.attention_mask, batch.loss_mask, self.temperature,
-                                entropy, values)  # fmt: skip
+                                entropy, values, negatives)  # fmt: skip
         logits, v = forward(model, batch.input_ids, batch.attention_mask, values=values)
         logp = token_logprobs(logits, batch.input_ids, self.temperature, mask=batch.loss_mask)
         ent = None
@@ -202,7 +205,8 @@ class Trainer:
             mb = batch.select(slice(i, i + self.micro))
             mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
             with eng.accumulate(self.policy):
-                logp, ent, values = self._logprobs(self.policy, mb, self.cfg.log_entropy, self.values)
+                logp, ent, values = self._logprobs(self.policy, mb, self.cfg.log_entropy, self.values,
+                                                   algo.softmax_negatives)  # fmt: skip
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
