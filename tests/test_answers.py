@@ -31,3 +31,10 @@ def test_sub_em_and_missing_prediction():
     assert sub_exact_match("it was William Shakespeare indeed", ["Shakespeare"]) == 1.0
     assert sub_exact_match("Marlowe", ["Shakespeare"]) == 0.0
     assert answer_scores(None, ["x"]) == {"em": 0.0, "f1": 0.0, "sub_em": 0.0}
+
+
+def test_sub_em_never_matches_an_empty_gold():
+    # a gold that normalises to "" ("The", "?") is a data error; Search-R1's check (`"" in prediction`) scores
+    # every prediction 1 against it, ours 0, so a broken label cannot hand out free reward
+    assert sub_exact_match("anything at all", ["The"]) == 0.0
+    assert sub_exact_match("anything at all", ["?", "all"]) == 1.0  # the other gold still counts

@@ -6,6 +6,7 @@ import torch
 from searchrl.functional import (
     kl_penalty,
     masked_mean,
+    masked_var,
     masked_whiten,
     token_entropy,
     token_logprobs,
@@ -47,6 +48,22 @@ def test_kl_estimators_hand_computed():
     assert (kl_penalty(torch.randn(100), torch.randn(100), "k3") >= 0).all()
     with pytest.raises(ValueError, match="valid: k1, k2, k3"):
         kl_penalty(logp, ref, "k4")
+
+
+def test_kl_clamp_bounds_the_estimate_like_verl():
+    logp, ref = torch.tensor([0.0]), torch.tensor([5.0])  # log π/π_ref = −5: k3 = e^5 − 1 − 5 = 142.41
+    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(math.exp(5) - 6)
+    assert kl_penalty(logp, ref, "k3", clamp=10.0).item() == 10.0
+    assert kl_penalty(ref, logp, "k1", clamp=10.0).item() == pytest.approx(5.0)  # inside the bound: unchanged
+    assert kl_penalty(logp, ref, "k1", clamp=2.0).item() == -2.0
+
+
+def test_whitening_uses_the_unbiased_variance_by_default():
+    x, m = torch.tensor([[1.0, 2.0, 3.0, 9.0]]), torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    # mean 2; squared deviations 1, 0, 1: biased var 2/3, unbiased (verl, TRL) 1
+    assert masked_var(x, m).item() == pytest.approx(2 / 3)
+    assert masked_var(x, m, unbiased=True).item() == pytest.approx(1.0)
+    assert masked_whiten(x, m).tolist()[0] == pytest.approx([-1.0, 0.0, 1.0, 0.0], abs=1e-6)
 
 
 def test_masked_stats():

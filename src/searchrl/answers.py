@@ -30,15 +30,18 @@ def exact_match(prediction: str, gold: str | Sequence[str]) -> float:
 
 
 def sub_exact_match(prediction: str, gold: str | Sequence[str]) -> float:
-    """1 if some normalised gold answer occurs inside the normalised prediction (FlashRAG 'acc')."""
+    """1 if some normalised gold answer occurs inside the normalised prediction (FlashRAG 'acc').
+
+    A gold that normalises to "" never matches (Search-R1's check would score every prediction 1 against it):
+    an empty label is a data error and must not hand out free reward."""
     pred = normalize_answer(prediction)
     return float(any(normalize_answer(g) and normalize_answer(g) in pred for g in _golds(gold)))
 
 
-def _f1_pr(prediction: str, gold: str) -> tuple[float, float, float]:
+def _f1_pr(prediction: str, gold: str, yes_no_rule: bool = True) -> tuple[float, float, float]:
     pred_n, gold_n = normalize_answer(prediction), normalize_answer(gold)
     # HotpotQA rule: yes/no/noanswer only score when they match exactly.
-    if (pred_n in _NO_F1 or gold_n in _NO_F1) and pred_n != gold_n:
+    if yes_no_rule and (pred_n in _NO_F1 or gold_n in _NO_F1) and pred_n != gold_n:
         return 0.0, 0.0, 0.0
     pred_toks, gold_toks = pred_n.split(), gold_n.split()
     common = Counter(pred_toks) & Counter(gold_toks)
@@ -50,12 +53,19 @@ def _f1_pr(prediction: str, gold: str) -> tuple[float, float, float]:
 
 
 def f1_score(prediction: str, gold: str | Sequence[str]) -> float:
+    """Token F1 with HotpotQA's yes/no rule (the official evaluation's), max over gold answers."""
     return max((_f1_pr(prediction, g)[0] for g in _golds(gold)), default=0.0)
+
+
+def plain_f1(prediction: str, gold: str | Sequence[str]) -> float:
+    """Token F1 of normalised words, max over gold answers, without the yes/no rule (StepSearch eq. 2 and 4:
+    "yes queen" against "yes" scores 0.667, where `f1_score` gives 0)."""
+    return max((_f1_pr(prediction, g, yes_no_rule=False)[0] for g in _golds(gold)), default=0.0)
 
 
 def word_f1(a: str, b: str) -> float:
     """Plain word-level F1 between two strings (StepSearch search-key reward, eq. 4)."""
-    return _f1_pr(a, b)[0]
+    return _f1_pr(a, b, yes_no_rule=False)[0]
 
 
 def answer_scores(prediction: str | None, gold: str | Sequence[str]) -> dict[str, float]:

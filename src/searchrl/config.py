@@ -66,6 +66,9 @@ class EnvConfig:
     max_query_chars: int = 256
     on_budget: Literal["force_answer", "end"] = "force_answer"
     doc_max_words: int | None = None
+    # how documents are written into observations: search_r1 "Doc 1(Title: t) text" (Search-R1, ReSearch,
+    # FlashRAG) or stepsearch "Doc 1<## Title: t ##> text" (StepSearch's public code parses this one)
+    doc_format: Literal["search_r1", "stepsearch"] = "search_r1"
     # the agent design (RAG-Gym Appendix C, §3): react (think/search/answer turns), direct (answer at once),
     # rag (the question is the one query, then answer), research (RAG-Gym's ReSearch: the state is the
     # question and the (query, summary) pairs so far, re-rendered each step; SFT, DPO, PRM and evaluation only)

@@ -20,16 +20,22 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / total.clamp(min=1)
 
 
-def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = False) -> torch.Tensor:
+    """Variance over the masked entries; ``unbiased`` divides by n − 1 (Bessel), as verl and TRL whiten."""
     mean = masked_mean(x, mask)
-    return masked_mean((x - mean) ** 2, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        n = mask.sum()
+        var = var * n / (n - 1).clamp(min=1)
+    return var
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8, unbiased: bool = True
 ) -> torch.Tensor:
-    """(x - mean) / std over the masked entries; entries outside the mask are returned as 0."""
-    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    """(x - mean) / std over the masked entries; entries outside the mask are returned as 0. The std is
+    the unbiased one by default, as in verl (Search-R1's PPO) and TRL."""
+    mean, var = masked_mean(x, mask), masked_var(x, mask, unbiased)
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
@@ -79,21 +85,27 @@ def token_entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return out.masked_scatter(F.pad(pos, (1, 0)), -(lp.exp() * lp).sum(-1))
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+def kl_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3", clamp: float | None = None
+) -> torch.Tensor:
     """Per-token estimators of KL(π || π_ref) from samples of π (Schulman, 2020).
 
     k1 = log r', k2 = ½ (log r')², k3 = r - 1 - log r with r = π_ref / π and log r' = log π - log π_ref.
-    k3 is unbiased and non-negative (GRPO / ReSearch use it in the loss).
+    k3 is unbiased and non-negative (GRPO / ReSearch use it in the loss). The exponent of k3 is held to
+    ±20 so it cannot overflow. ``clamp`` bounds the estimate to [−clamp, clamp] (verl clamps k3 to ±10:
+    at log r' = 5 the estimate 142.4 becomes 10); None, the default, leaves it as the equation writes it.
     """
     log_ratio = logp - ref_logp
     if kind == "k1":
-        return log_ratio
-    if kind == "k2":
-        return 0.5 * log_ratio**2
-    if kind == "k3":
+        kl = log_ratio
+    elif kind == "k2":
+        kl = 0.5 * log_ratio**2
+    elif kind == "k3":
         lr = (-log_ratio).clamp(-20.0, 20.0)
-        return torch.exp(lr) - 1.0 - lr
-    raise ValueError(f"unknown KL estimator {kind!r}; valid: k1, k2, k3")
+        kl = torch.exp(lr) - 1.0 - lr
+    else:
+        raise ValueError(f"unknown KL estimator {kind!r}; valid: k1, k2, k3")
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 def token_weights(

@@ -89,7 +89,8 @@ class Runtime:
         chat = self.chat_format if e.template in CHAT_TEMPLATES else None
         return SearchEnv(self.retriever, tags=e.tags, template=e.template, topk=e.topk, max_turns=e.max_turns,
                          max_query_chars=e.max_query_chars, on_budget=e.on_budget,
-                         doc_max_words=e.doc_max_words, agent=e.agent, summarizer=self.summarizer, chat=chat)  # fmt: skip
+                         doc_max_words=e.doc_max_words, agent=e.agent, summarizer=self.summarizer, chat=chat,
+                         doc_format=e.doc_format)  # fmt: skip
 
     @cached_property
     def chat_format(self) -> Any:

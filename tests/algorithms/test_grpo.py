@@ -50,6 +50,34 @@ def test_clipped_loss_hand_computed():
     assert m["clip_frac"].tolist()[0] == [0.0, 1.0, 1.0, 0.0]
 
 
+def test_dual_clip_caps_negative_advantage_losses_only():
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[5.0, 2.0, 5.0, 0.5]]))  # ratios
+    adv = torch.tensor([[-1.0, -1.0, 2.0, -2.0]])
+    plain, _ = clipped_policy_loss(logp, old, adv)
+    assert plain.tolist()[0] == pytest.approx([5.0, 2.0, -2.4, 1.6])  # eq. 1
+    loss, m = clipped_policy_loss(logp, old, adv, dual_clip=3.0)
+    # ratio 5 at A = −1: the loss 5 is capped at −3·A = 3; ratio 2 (loss 2 < 3) and A > 0 are untouched
+    assert loss.tolist()[0] == pytest.approx([3.0, 2.0, -2.4, 1.6])
+    assert m["dual_clip_frac"].tolist()[0] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_log_ratio_is_held_to_20_before_the_exp():
+    logp, old = torch.tensor([[0.0]]), torch.tensor([[-200.0]])  # exp(200) would overflow float32
+    loss, m = clipped_policy_loss(logp, old, torch.tensor([[-1.0]]))
+    assert torch.isfinite(loss).all() and m["ratio"].item() == pytest.approx(math.exp(20.0), rel=1e-5)
+
+
+@pytest.mark.parametrize(("key", "value"), [("dual_clip", 1.0), ("kl_clamp", 0.0)])
+def test_stabilisers_are_checked_in_the_config(key, value):
+    from searchrl.config import from_dict
+    from searchrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        from_dict(GRPOConfig, {key: value}, "exp.yaml", "algorithm")
+    assert getattr(from_dict(GRPOConfig, {key: 3.0}), key) == 3.0
+
+
 def _batch(rewards, groups, old, ref):
     B, T = old.shape
     mask = torch.ones(B, T)

@@ -127,7 +127,7 @@ def test_whitened_advantages_have_zero_mean_unit_std_on_actions():
     algo(kl_coef=0.0).prepare(b)
     a = b.extras["advantages"][m.bool()]
     assert float(a.mean()) == pytest.approx(0.0, abs=1e-5)
-    assert float(a.var(unbiased=False)) == pytest.approx(1.0, rel=1e-3)
+    assert float(a.var(unbiased=True)) == pytest.approx(1.0, rel=1e-3)  # verl's whitening (Search-R1)
     assert (b.extras["advantages"][m == 0] == 0).all()
 
 

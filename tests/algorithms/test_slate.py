@@ -54,6 +54,8 @@ def test_early_termination_bonus():
     assert step_reward(s, "answer", B, B, lam) == pytest.approx(2.0)  # zero at the budget
     assert step_reward(JudgeScores(think=1.0, query=-1.0), "search", 1, B, lam) == 0.0  # searches: none
     assert step_reward(JudgeScores(think=0.0, answer=-1.0), "invalid", 1, B, lam) == -1.0
+    # an answer the environment rejected (text after it, two answers, empty) earns no early-finish bonus
+    assert step_reward(s, "answer", 1, B, lam, valid=False) == pytest.approx(2.0)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from searchrl.rewards import REWARDS, register_reward  # noqa: E402
+from searchrl.rewards.judges import JUDGES  # noqa: E402
 
 TIME_KEYS = ("time/", "rollout/tokens_per_second")  # wall-clock measurements differ between runs
 
@@ -32,8 +33,26 @@ def ids_reward(traj: Any, **_: Any) -> float:
     return (sum(ids) % 7) / 6
 
 
+class TextJudge:
+    """SLATE's judge for these runs: the rule judge plus a think score that varies with the action's text,
+    so a barely trained model (every step malformed to the rule judge) still gives step advantages."""
+
+    def __init__(self) -> None:
+        from searchrl.rewards.judges import RuleJudge
+
+        self.rule = RuleJudge()
+
+    def __call__(self, items: Any) -> list[Any]:
+        from dataclasses import replace
+
+        return [replace(s, think=s.think + sum(map(ord, it.action)) % 7 / 6) for s, it in
+                zip(self.rule(items), items)]  # fmt: skip
+
+
 if "dist_e2e_ids" not in REWARDS:
     register_reward("dist_e2e_ids")(ids_reward)
+if "dist_e2e_text" not in JUDGES:
+    JUDGES.add("dist_e2e_text", TextJudge)
 
 ONLINE = ("grpo", "grpo-full-logits", "grpo-lora", "ppo", "ppo-lora", "steppo", "slate")
 CASES: dict[str, dict[str, Any]] = {
@@ -47,7 +66,7 @@ CASES: dict[str, dict[str, Any]] = {
         "args": {"kl_coef": 0.0},
         "rewards": "[{name: stepsearch}, {name: dist_e2e_ids}]",
     },
-    "slate": {"algorithm": "slate", "args": {"k": 2, "kl_coef": 0.05}},
+    "slate": {"algorithm": "slate", "args": {"k": 2, "kl_coef": 0.05, "judge": "dist_e2e_text"}},
     "sft": {"algorithm": "sft", "args": {}},
     "dpo": {"algorithm": "dpo", "args": {"beta": 0.5}},
     "prm": {"algorithm": "prm", "args": {}},

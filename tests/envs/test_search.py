@@ -55,6 +55,23 @@ def test_research_tags_need_boxed():
     assert not bad.valid and bad.error == "missing_boxed" and bad.answer is None
 
 
+@pytest.mark.parametrize(
+    ("body", "answer"),
+    [
+        (
+            r"\boxed{delta} or \boxed{gamma}",
+            "gamma",
+        ),  # the last boxed expression, not `delta} or \boxed{gamma`
+        (r"\boxed{f(x{1})}", "f(x{1})"),  # nested braces
+        (r"\boxed{a} and \boxed{b", None),  # the last one is unclosed
+    ],
+)
+def test_boxed_answer_is_the_last_brace_matched_expression(body, answer):
+    env = SearchEnv(FakeRetriever(), tags="research", template="short")
+    info = env.parse(f"<answer> {body} </answer>")
+    assert info.answer == answer and info.valid == (answer is not None)
+
+
 def test_search_step_observation_and_info():
     env = make_env()
     s = env.reset(EX)

@@ -106,7 +106,13 @@ def test_search_r1_format_reward_cases(actions, expected):
     from searchrl.rewards.outcome import search_r1_format_reward
 
     t = episode(actions, tags="search_r1")
-    assert search_r1_format_reward(t, answers=EX.answers).score == pytest.approx(expected)
+    # the v0.2 retrieval bonus (0.1): the 0.3 row; the default is v0.3's 0
+    assert search_r1_format_reward(t, answers=EX.answers, retrieval_score=0.1).score == pytest.approx(
+        expected
+    )
+    assert search_r1_format_reward(t, answers=EX.answers).score == pytest.approx(
+        0.2 if expected == 0.3 else expected
+    )
 
 
 def test_search_r1_format_reward_without_an_answer():

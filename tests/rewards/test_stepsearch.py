@@ -72,9 +72,8 @@ def test_each_equation_by_hand():
     assert gains == pytest.approx([c / 2, 0.0, (2 - c) / 2])
     assert redundancy_penalties([[d.id for d in r] for r in ROUNDS]) == [0.0, 1.0, 0.0]
     # r_key: sub-question 1: F1("alpha beta", "alpha beta") = 1; sub-question 2: best query "gamma" vs
-    # "gamma delta": P = 1, R = 1/2 -> 2/3. Mean 5/6. Latest query only ("gamma"): (0 + 2/3) / 2.
+    # "gamma delta": P = 1, R = 1/2 -> 2/3. Mean 5/6.
     assert search_key_reward(QUERIES, HOPS) == pytest.approx(5 / 6)
-    assert search_key_reward(QUERIES, HOPS, latest_only=True) == pytest.approx(1 / 3)
 
 
 def test_the_reward_places_global_and_step_scores():
@@ -84,18 +83,6 @@ def test_the_reward_places_global_and_step_scores():
     assert out.score == pytest.approx(1.0 + 0.5 * 5 / 6)  # r_answer + γ_key r_key (eq. 6)
     assert out.step_scores == pytest.approx((c / 2, 0.0 - 1.0, (2 - c) / 2, 0.0))  # eq. 7, answer step 0
     assert out.metrics["redundant_searches"] == 1.0
-
-
-def test_public_code_compat_changes_exactly_the_two_documented_numbers():
-    t = episode(ROUNDS, QUERIES)
-    kw = dict(answers=("Paris",), hops=HOPS, example=t.example, docs=DOCS, gamma_key=0.5, step_coef=0.6)
-    paper = stepsearch_reward(t, **kw)
-    compat = stepsearch_reward(t, **kw, public_code_compat=True)
-    assert compat.step_scores == pytest.approx(tuple(s / 0.6 * 1.6 for s in paper.step_scores))
-    assert paper.metrics["key"] == pytest.approx(5 / 6) and compat.metrics["key"] == pytest.approx(1 / 3)
-    assert compat.score == pytest.approx(1.0 + 0.5 / 3)
-    same = {k for k in paper.metrics if paper.metrics[k] == compat.metrics[k]}
-    assert same == set(paper.metrics) - {"key"}
 
 
 def test_format_is_a_hard_constraint():

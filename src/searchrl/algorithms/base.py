@@ -97,14 +97,18 @@ class Algorithm(ABC):
         """Fill ``batch.extras`` (advantages, returns, …) from rewards and the no-grad passes."""
         return {}
 
+    def kl_estimate(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+        """Per-token KL(π‖π_ref) with the config's ``kl_estimator`` and optional ``kl_clamp``."""
+        from searchrl.functional import kl_penalty
+
+        return kl_penalty(logp, ref_logp, self.cfg.kl_estimator, getattr(self.cfg, "kl_clamp", None))
+
     def with_kl(self, loss: torch.Tensor, metrics: dict[str, torch.Tensor], logp: torch.Tensor,
                 entropy: torch.Tensor | None, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
         """Adds β·KL(π‖π_ref) per action token when the config puts the KL in the loss (``kl_in: loss``,
         estimator ``kl_estimator``), and logs the entropy."""
         if getattr(self.cfg, "kl_in", "loss") == "loss" and self.kl_coef > 0:
-            from searchrl.functional import kl_penalty
-
-            kl = kl_penalty(logp, mb.extras["ref_logp"], self.cfg.kl_estimator)
+            kl = self.kl_estimate(logp, mb.extras["ref_logp"])
             loss = loss + self.kl_coef * kl
             metrics["kl"] = kl.detach()
         if entropy is not None:

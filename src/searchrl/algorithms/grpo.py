@@ -16,8 +16,8 @@ import torch
 from searchrl.aggregate import Mean
 from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
 from searchrl.algorithms.base import Algorithm
-from searchrl.algorithms.losses import clipped_policy_loss
-from searchrl.functional import kl_penalty, masked_sum
+from searchrl.algorithms.losses import check_stabilisers, clipped_policy_loss
+from searchrl.functional import masked_sum
 from searchrl.types import RolloutBatch
 
 
@@ -25,14 +25,23 @@ from searchrl.types import RolloutBatch
 class GRPOConfig:
     clip_low: float = 0.2  # ε of eq. 1 (ReSearch Table 4); clip_high > clip_low gives DAPO's clip-higher
     clip_high: float = 0.2
+    dual_clip: float | None = (
+        None  # c > 1: negative-advantage losses capped at −c·A (verl's clip_ratio_c = 3)
+    )
     kl_coef: float = 0.001  # β (ReSearch Table 4); 0 skips the reference model entirely
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_clamp: float | None = (
+        None  # bound each token's KL estimate to ±kl_clamp (verl: 10); None: eq. 1 as written
+    )
     kl_in: Literal["loss", "reward"] = "loss"  # "reward": r_i -= β Σ_t KL_t before group normalisation
     std_normalize: bool = True  # False: Dr. GRPO (mean-centred only)
     eps: float = 1e-6
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
         "token-mean"
     )
+
+    def __post_init__(self) -> None:
+        check_stabilisers(self.dual_clip, self.kl_clamp)
 
 
 class GRPO(Algorithm):
@@ -42,7 +51,7 @@ class GRPO(Algorithm):
         rewards = batch.rewards
         metrics: dict[str, float] = {}
         if self.cfg.kl_in == "reward" and self.kl_coef > 0:
-            kl = kl_penalty(batch.extras["old_logp"], batch.extras["ref_logp"], self.cfg.kl_estimator)
+            kl = self.kl_estimate(batch.extras["old_logp"], batch.extras["ref_logp"])
             seq_kl = masked_sum(kl, batch.loss_mask, dim=-1)  # (B,)
             rewards = rewards - self.kl_coef * seq_kl
             metrics["kl/sequence"] = Mean(float(seq_kl.sum()), len(seq_kl))
@@ -54,5 +63,5 @@ class GRPO(Algorithm):
              values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
         cfg = self.cfg
         loss, metrics = clipped_policy_loss(logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low,
-                                            cfg.clip_high)  # fmt: skip
+                                            cfg.clip_high, cfg.dual_clip)  # fmt: skip
         return self.with_kl(loss, metrics, logp, entropy, mb)

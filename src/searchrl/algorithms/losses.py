@@ -15,25 +15,43 @@ from searchrl.registry import Registry
 LOSSES: Registry[Callable[..., Any]] = Registry("loss")
 
 
+def check_stabilisers(dual_clip: float | None, kl_clamp: float | None) -> None:
+    """Config check for the optional verl-style stabilisers (a ValueError names the bad argument)."""
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (verl uses 3) or null, got {dual_clip}")
+    if kl_clamp is not None and kl_clamp <= 0.0:
+        raise ValueError(f"kl_clamp must be > 0 (verl uses 10) or null, got {kl_clamp}")
+
+
 @LOSSES.register("clipped_pg")
 def clipped_policy_loss(
     logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_high: float = 0.2, dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
     """PPO/GRPO clipped surrogate, negated for minimisation (ReSearch eq. 1, Schulman et al. 2017):
 
     ℓ_t = -min(ρ_t A_t, clip(ρ_t, 1 - ε_low, 1 + ε_high) A_t),  ρ_t = exp(logp_t - old_logp_t).
-    Separate ε_low / ε_high allow DAPO's clip-higher.
+    Separate ε_low / ε_high allow DAPO's clip-higher. The log-ratio is held to ±20 before the exp, as verl
+    does, so a stale token cannot overflow (it changes nothing below ρ = 4.8e8). ``dual_clip`` = c > 1 bounds
+    the loss of negative-advantage tokens by −c·A_t (Ye et al. 2020, verl's ``clip_ratio_c``, default 3
+    there); None, our default, is the papers' eq. 1.
     """
-    log_ratio = logp - old_logp
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
+    metrics: dict[str, torch.Tensor] = {}
+    if dual_clip is not None:
+        check_stabilisers(dual_clip, None)
+        bound = -dual_clip * advantages
+        capped = (advantages < 0) & (loss > bound)
+        loss = torch.where(capped, bound, loss)
+        metrics["dual_clip_frac"] = capped.float().detach()
     with torch.no_grad():
         clip_frac = (clipped < unclipped).float()  # the clip was active
         approx_kl = 0.5 * log_ratio**2
-    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "ratio": ratio.detach()}
+    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "ratio": ratio.detach(), **metrics}
 
 
 @LOSSES.register("nll")

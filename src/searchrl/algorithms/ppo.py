@@ -8,7 +8,7 @@ ZeRO-3; under LoRA the adapter and the head train. Per step:
 2. token rewards: the outcome at the last action token, step scores at each step's last action token,
    and, with ``kl_in: reward``, −β·KL_t on every action token (β fixed, or adaptive à la Ziegler et al.);
 3. GAE(γ, λ) over the action tokens only (`advantages.gae`: retrieved tokens carry no TD error), then
-   advantages whitened over the batch's action tokens;
+   advantages whitened over the batch's action tokens (unbiased std, as verl, which Search-R1 runs on);
 4. loss per action token: the clipped surrogate (skipped during ``critic_warmup_steps``) plus
    ``vf_coef`` · ½·max((V − R)², (V_clip − R)²) with V_clip = V_old + clip(V − V_old, ±value_clip), plus
    β·KL with ``kl_in: loss``.
@@ -27,8 +27,7 @@ import torch
 
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Algorithm, head_param_groups
-from searchrl.algorithms.losses import clipped_policy_loss
-from searchrl.functional import kl_penalty
+from searchrl.algorithms.losses import check_stabilisers, clipped_policy_loss
 from searchrl.types import RolloutBatch
 
 
@@ -38,6 +37,9 @@ class PPOConfig:
     lam: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.2
+    dual_clip: float | None = (
+        None  # c > 1: negative-advantage losses capped at −c·A (verl's clip_ratio_c = 3)
+    )
     value_clip: float = 0.2  # 0 turns value clipping off
     vf_coef: float = 0.5
     critic_lr: float | None = None  # the value head's learning rate; None: 10 × trainer.lr
@@ -46,6 +48,7 @@ class PPOConfig:
     whiten_advantages: bool = True
     kl_coef: float = 0.001  # β; 0 skips the reference model
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_clamp: float | None = None  # bound each token's KL estimate to ±kl_clamp (verl: 10); None: unbounded
     kl_in: Literal["reward", "loss"] = "reward"
     adaptive_kl: bool = False  # Ziegler et al. (2019): β follows the measured KL towards kl_target
     kl_target: float = 0.01
@@ -53,6 +56,9 @@ class PPOConfig:
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
         "token-mean"
     )
+
+    def __post_init__(self) -> None:
+        check_stabilisers(self.dual_clip, self.kl_clamp)
 
 
 class AdaptiveKL:
@@ -97,7 +103,7 @@ class PPO(Algorithm):
         total = self.ctx.sum_all
         n = max(total(mask.sum()), 1.0)
         if self.kl_coef > 0:
-            kl = kl_penalty(batch.extras["old_logp"], batch.extras["ref_logp"], cfg.kl_estimator) * mask
+            kl = self.kl_estimate(batch.extras["old_logp"], batch.extras["ref_logp"]) * mask
             seqs = total(float((mask.sum(-1) > 0).sum()))
             seq_kl = total(kl.sum()) / max(seqs, 1.0)
             metrics["kl/sequence"] = seq_kl
@@ -116,8 +122,9 @@ class PPO(Algorithm):
                 1.0 - total((((returns - values) * mask) ** 2).sum()) / n / var_r
             )
         if cfg.whiten_advantages:  # over the global batch's action tokens, as one process would
+            # unbiased variance (÷ (n − 1)), as verl's masked_whiten that Search-R1's PPO runs on
             mean = total((adv * mask).sum()) / n
-            var = total((((adv - mean) * mask) ** 2).sum()) / n
+            var = total((((adv - mean) * mask) ** 2).sum()) / max(n - 1.0, 1.0)
             adv = (adv - mean) * torch.rsqrt(torch.tensor(var + 1e-8)) * mask
         batch.extras["advantages"] = adv * mask
         batch.extras["returns"] = returns
@@ -129,7 +136,7 @@ class PPO(Algorithm):
         if values is None:
             raise RuntimeError("PPO needs the value head's outputs; the trainer passes them")
         pg, metrics = clipped_policy_loss(logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low,
-                                          cfg.clip_high)  # fmt: skip
+                                          cfg.clip_high, cfg.dual_clip)  # fmt: skip
         if self.step < cfg.critic_warmup_steps:
             pg = pg * 0.0
         vloss, vmetrics = clipped_value_loss(

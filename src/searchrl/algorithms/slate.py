@@ -51,11 +51,15 @@ class SLATEConfig(GRPOConfig):
     )
 
 
-def step_reward(scores: JudgeScores, kind: str, t: int, budget: int, bonus: float) -> float:
-    """Eq. 5 for searches, eq. 6 for answers (t counted from 1), r_think − 1 for malformed actions."""
+def step_reward(
+    scores: JudgeScores, kind: str, t: int, budget: int, bonus: float, valid: bool = True
+) -> float:
+    """Eq. 5 for searches, eq. 6 for answers (t counted from 1), r_think + r_answer (−1) for malformed actions.
+    The early-termination bonus rewards finishing with an answer, so an answer the environment rejected
+    (text after it, two answers, an empty one) gets none."""
     if kind == "search":
         return scores.think + scores.query
-    if kind == "answer":
+    if kind == "answer" and valid:
         return scores.think + scores.answer + bonus * (budget - t) / budget
     return scores.think + scores.answer
 
@@ -114,9 +118,8 @@ class SLATE(GRPO):
                     continue
                 judged = [next(scores) for _ in group]
                 failures += sum(s.failed for s in judged)
-                r = [
-                    step_reward(s, kid.steps[-1].info.kind, t, B, cfg.bonus) for kid, s in zip(group, judged)
-                ]
+                infos = [kid.steps[-1].info for kid in group]
+                r = [step_reward(s, i.kind, t, B, cfg.bonus, i.valid) for i, s in zip(infos, judged)]
                 rewards += r
                 n_prefix = len(prefixes[q].segments)
                 for kid, rj in zip(group, r):

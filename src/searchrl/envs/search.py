@@ -32,12 +32,18 @@ ERRORS = ("no_action", "unclosed_tag", "empty_query", "query_too_long", "multipl
           "text_after_answer", "missing_boxed", "empty_answer")  # fmt: skip
 
 
-def format_docs(docs: Sequence[Doc], max_words: int | None = None) -> str:
-    """Documents as the agent (or a summarizer) reads them: ``Doc i(Title: t) text``, one per line."""
+DOC_FORMATS = {  # how retrieved documents are written into an observation
+    "search_r1": "Doc {i}(Title: {title}) {text}",  # Search-R1, ReSearch, FlashRAG
+    "stepsearch": "Doc {i}<## Title: {title} ##> {text}",  # StepSearch's public code (its reward parses it)
+}
+
+
+def format_docs(docs: Sequence[Doc], max_words: int | None = None, style: str = "search_r1") -> str:
+    """Documents as the agent (or a summarizer) reads them, one per line (`DOC_FORMATS`)."""
     lines = []
     for i, d in enumerate(docs, 1):
         text = d.text if max_words is None else " ".join(d.text.split()[:max_words])
-        lines.append(f"Doc {i}(Title: {d.title}) {text}")
+        lines.append(DOC_FORMATS[style].format(i=i, title=d.title, text=text))
     return "\n".join(lines)
 
 
@@ -85,7 +91,19 @@ class EnvState:
         return "".join(parts)
 
 
-_BOXED = re.compile(r"\\boxed\{(.*)\}", re.S)
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` in ``text``, braces matched (``\\boxed{a} or \\boxed{b}``
+    gives ``b``; ``\\boxed{f(x{1})}`` gives ``f(x{1})``); None when there is none or it is unclosed. ReSearch's
+    public code and the MATH evaluation scripts read the last boxed expression the same way."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start + len("\\boxed"), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + len("\\boxed{") : i]
+    return None
 
 
 class SearchEnv:
@@ -102,10 +120,14 @@ class SearchEnv:
         agent: str = "react",
         summarizer: Callable[[Sequence[tuple[str, str, Sequence[Doc]]]], list[str]] | None = None,
         chat: Callable[[list[dict[str, Any]]], str] | None = None,
+        doc_format: str = "search_r1",
     ) -> None:
         """``template``: a name in `TEMPLATES` (plain prompts, for base models), in `CHAT_TEMPLATES` (rendered
         through ``chat``, the tokenizer's chat template with the assistant turn opened, for instruct models),
         or a format string with ``{question}``."""
+        if doc_format not in DOC_FORMATS:
+            raise ValueError(f"doc_format must be one of {', '.join(DOC_FORMATS)}, got {doc_format!r}")
+        self.doc_format = doc_format
         if on_budget not in ("force_answer", "end"):
             raise ValueError(f"on_budget must be 'force_answer' or 'end', got {on_budget!r}")
         if agent not in AGENTS:
@@ -258,7 +280,7 @@ class SearchEnv:
         return self.render(state), [], []
 
     def format_docs(self, docs: Sequence[Doc]) -> str:
-        return format_docs(docs, self.doc_max_words)
+        return format_docs(docs, self.doc_max_words, self.doc_format)
 
     # ------------------------------------------------------------------ parsing
     def parse(self, action: str, forced: bool = False, stopped: bool = False) -> StepInfo:
@@ -304,9 +326,9 @@ class SearchEnv:
         answer: str | None = " ".join(raw.split())
         error = None
         if t.boxed:
-            m = _BOXED.search(raw)
-            answer = " ".join(m.group(1).split()) if m else None
-            if m is None:
+            boxed = last_boxed(raw)
+            answer = " ".join(boxed.split()) if boxed is not None else None
+            if boxed is None:
                 error = "missing_boxed"
         if len(blocks) > 1:
             error = "multiple_answers"

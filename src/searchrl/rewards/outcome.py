@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,11 +33,12 @@ def search_r1_format_reward(
     answers: Sequence[str],
     structure_format_score: float = 0.2,
     final_format_score: float = 0.1,
-    retrieval_score: float = 0.1,
+    retrieval_score: float = 0.0,
     score: float = 1.0,
     info_tag: str = "information",
+    public_code_compat: bool = False,
 ) -> RewardOutput:
-    """Search-R1's format-aware EM reward (its `qa_em_format` scorer), case by case:
+    """Search-R1's format-aware EM reward (its ``qa_em_format`` scorer), case by case:
 
     | answer EM | structure valid | gold answer in a retrieved block | reward |
     |---|---|---|---|
@@ -47,18 +49,38 @@ def search_r1_format_reward(
     | 0 | no | – | ``final_format_score`` (an answer was given) |
     | none | no | – | 0 |
 
-    "Structure valid": every tag closed, each <search> followed by its <information> block, exactly one
-    <answer>, at the end (`research.research_format_ok` without \\boxed{}).
+    "Structure valid" is Search-R1's sequence check (`search_r1_structure_ok`): <think> … </think> before
+    every <search> and every <answer>, each search followed by its information block, one answer, at the end,
+    nothing but white space between tags. The Search-R1 paper (not in ../shared/papers) describes the format
+    reward only in words; this check is its public code's definition. ``retrieval_score`` defaults to 0, as in
+    Search-R1's v0.3 training scripts (the scorer's own default too); 0.1 gives the variant of its v0.2.
+
+    ``public_code_compat``: exactly as the public scorer computes it on the decoded sequence: the structure is
+    checked after the first ``<|im_start|>assistant`` (a prompt without Qwen's chat template never passes);
+    the answer is the last of at least two answer blocks of prompt + response (Search-R1's prompt holds an
+    example ``<answer> Beijing </answer>``, so a prompt without one needs two answers in the response).
     """
     from searchrl.answers import normalize_answer
-    from searchrl.rewards.research import research_format_ok, response_text
+    from searchrl.rewards.research import response_text
 
-    pred = _final_answer(traj)
-    valid = research_format_ok(response_text(traj), info_tag, boxed=False)
+    golds = [normalize_answer(a) for a in answers]
+    if public_code_compat:
+        st = traj.state
+        text = (st.prompt if st is not None else "") + response_text(traj, cut=True)
+        marker = re.search(r"<\|im_start\|>assistant\s*", text)
+        valid = marker is not None and search_r1_structure_ok(text[marker.end() :], info_tag)
+        blocks = re.findall(r"<answer>(.*?)</answer>", text, re.S)
+        pred = blocks[-1].strip() if len(blocks) >= 2 else None
+        infos = [
+            normalize_answer(b.strip()) for b in re.findall(rf"<{info_tag}>(.*?)</{info_tag}>", text, re.S)
+        ]
+        retrieved = valid and any(g in b for g in golds for b in infos)  # an empty gold is in every block
+    else:
+        pred = _final_answer(traj)
+        valid = search_r1_structure_ok(response_text(traj, cut=True), info_tag)
+        seen = [normalize_answer(o) for o in traj.state.observations] if traj.state is not None else []
+        retrieved = any(g in o for g in golds if g for o in seen)
     correct = pred is not None and exact_match(pred, answers) > 0
-    golds = [normalize_answer(a) for a in answers if normalize_answer(a)]
-    seen = [normalize_answer(o) for o in traj.state.observations] if traj.state is not None else []
-    retrieved = any(g in o for g in golds for o in seen)
     if correct:
         out = score if valid else score - structure_format_score
     elif valid:
@@ -68,3 +90,33 @@ def search_r1_format_reward(
     return RewardOutput(
         out, metrics={"em": float(correct), "format_ok": float(valid), "retrieval_hit": float(retrieved)}
     )
+
+
+_SR1_TAGS = re.compile(r"(</?(?:think|search|information|answer)>)")
+
+
+def search_r1_structure_ok(response: str, info_tag: str = "information") -> bool:
+    """Search-R1's sequence check on a response: balanced tags, then think → (search → information → think)*
+    → answer, nothing but white space outside tags, and nothing after the answer."""
+    tags = ("think", "search", info_tag, "answer")
+    if any(response.count(f"<{t}>") != response.count(f"</{t}>") for t in tags):
+        return False
+    moves = {("start", "<think>"): "in_think", ("information", "<think>"): "in_think",
+             ("in_think", "</think>"): "after_think", ("after_think", "<search>"): "in_search",
+             ("in_search", "</search>"): "after_search", ("after_search", f"<{info_tag}>"): "in_information",
+             ("in_information", f"</{info_tag}>"): "information", ("after_think", "<answer>"): "in_answer",
+             ("in_answer", "</answer>"): "end"}  # fmt: skip
+    pattern = (
+        _SR1_TAGS if info_tag == "information" else re.compile(rf"(</?(?:think|search|{info_tag}|answer)>)")
+    )
+    state = "start"
+    for part in pattern.split(response):
+        if not part.strip():
+            continue
+        if pattern.fullmatch(part):
+            state = moves.get((state, part), "invalid")
+            if state == "invalid":
+                return False
+        elif not state.startswith("in_"):  # text is only allowed inside tags
+            return False
+    return state == "end"
