@@ -63,3 +63,24 @@ def test_sweep_runs_resumes_records_failures_and_reports(tmp_path, world_dir, ti
     assert "| a | grpo | 2 | " in md and "| b | grpo | 1 | " in md and " ± " in md
     assert (tmp_path / "report" / "reward_mean.png").exists() and "<table>" in page.read_text()
     assert variant_of("ppo-lowkl-seed12") == "ppo-lowkl"
+
+
+def test_token_axis_labels_are_compact():
+    from searchrl.report import compact_count
+
+    assert [compact_count(x) for x in (0, 950, 12_000, 120_000, 1_500_000)] == [
+        "0",
+        "950",
+        "12k",
+        "120k",
+        "1.5M",
+    ]
+
+
+def test_html_table_marks_header_cells():
+    from searchrl.report import html_table
+
+    md = "| variant | em |\n|---|---|\n| grpo | 0.3 ± 0.1 |"
+    out = html_table(md)
+    assert out.startswith('<thead><tr><th scope="col">variant</th><th scope="col">em</th></tr></thead>')
+    assert '<tr><th scope="row">grpo</th><td>0.3 ± 0.1</td></tr>' in out and "<td>variant</td>" not in out

@@ -16,11 +16,10 @@ def redundant_searches(state: EnvState) -> int:
     """Searches whose documents had all been retrieved earlier in the episode."""
     seen: set[str] = set()
     count = 0
-    for info in state.infos:
-        if info.kind == "search" and info.valid:
-            if info.doc_ids and set(info.doc_ids) <= seen:
-                count += 1
-            seen.update(info.doc_ids)
+    for _, ids in state.searches():
+        if ids and set(ids) <= seen:
+            count += 1
+        seen.update(ids)
     return count
 
 
@@ -29,7 +28,7 @@ def gold_recall(state: EnvState) -> float | None:
     gold = set(state.example.gold_doc_ids)
     if not gold:
         return None
-    got = {d for info in state.infos for d in info.doc_ids}
+    got = {d for _, ids in state.searches() for d in ids}
     return len(gold & got) / len(gold)
 
 
@@ -43,10 +42,9 @@ def gold_recall_by_step(states: Sequence[EnvState]) -> dict[int, float]:
             continue
         got: set[str] = set()
         curve = []
-        for info in st.infos:
-            if info.kind == "search" and info.valid:
-                got.update(info.doc_ids)
-                curve.append(len(gold & got) / len(gold))
+        for _, ids in st.searches():
+            got.update(ids)
+            curve.append(len(gold & got) / len(gold))
         rows.append(curve)
     steps = max((len(r) for r in rows), default=0)
     return {
@@ -55,9 +53,14 @@ def gold_recall_by_step(states: Sequence[EnvState]) -> dict[int, float]:
     }
 
 
+def _hops_last(item: tuple[int, Any]) -> tuple[bool, int]:
+    return item[0] == 0, item[0]  # known hop counts in order, then the unknown ones
+
+
 def episode_metrics(states: Sequence[EnvState]) -> dict[str, Any]:
     """Mean EM / F1 / sub-EM, searches, generated tokens and invalid actions per question, finish reasons,
-    EM by hop count, gold-document recall (overall and by search step)."""
+    EM by hop count ("unknown" for questions without a decomposition), gold-document recall (overall and by
+    search step)."""
     n = len(states)
     if n == 0:
         return {"n": 0}
@@ -87,7 +90,10 @@ def episode_metrics(states: Sequence[EnvState]) -> dict[str, Any]:
         invalid_action_rate=invalid / max(actions, 1),
         redundant_search_rate=redundant / max(searches, 1),
         finish_reasons=dict(sorted(reasons.items())),
-        em_by_hops={h: sum(v) / len(v) for h, v in sorted(by_hops.items())},
+        # hop counts come from the data's decompositions; without one (HotpotQA, FlashRAG files) it is unknown
+        em_by_hops={
+            str(h) if h else "unknown": sum(v) / len(v) for h, v in sorted(by_hops.items(), key=_hops_last)
+        },
     )
     if recalls:
         out["gold_doc_recall"] = sum(recalls) / len(recalls)

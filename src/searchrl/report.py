@@ -87,6 +87,32 @@ def table(groups: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
+def compact_count(x: float) -> str:
+    """Axis label for a count: 950, 12k, 120k, 1.5M."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.0f}"
+
+
+def html_table(md: str) -> str:
+    """A markdown table as HTML rows: the header in <thead> with <th scope="col">, each row's first cell a
+    row header (<th scope="row">), the rest data cells."""
+    lines = [
+        ln.strip().strip("|").split("|") for j, ln in enumerate(md.splitlines()) if j != 1 and ln.strip()
+    ]
+    if not lines:
+        return ""
+    head = "".join(f'<th scope="col">{html.escape(c.strip())}</th>' for c in lines[0])
+    body = "".join(
+        f'<tr><th scope="row">{html.escape(cells[0].strip())}</th>'
+        + "".join(f"<td>{html.escape(c.strip())}</td>" for c in cells[1:])
+        + "</tr>\n"
+        for cells in lines[1:]
+    )
+    return f"<thead><tr>{head}</tr></thead>\n<tbody>{body}</tbody>"
+
+
 def plot(groups: dict[str, list[Path]], out: Path) -> list[Path]:
     import matplotlib
 
@@ -114,6 +140,10 @@ def plot(groups: dict[str, list[Path]], out: Path) -> list[Path]:
                         xs, [min(y) for y in ys], [max(y) for y in ys], alpha=0.2, color=line.get_color()
                     )
             ax.set_xlabel("step" if x_key == "step" else "generated tokens")
+            if x_key == "generated_tokens":
+                from matplotlib.ticker import FuncFormatter
+
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: compact_count(x)))
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
@@ -140,11 +170,7 @@ def report(paths: list[str | Path], out: str | Path) -> Path:
     md = table(groups)
     pngs = plot(groups, out)
     (out / "report.md").write_text(md + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
-    rows = "".join(
-        "<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{html.escape(c.strip())}</{'th' if i == 0 else 'td'}>"
-                         for i, c in enumerate(line.strip("|").split("|"))) + "</tr>\n"
-        for j, line in enumerate(md.splitlines()) if j != 1
-    )  # fmt: skip
+    rows = html_table(md)
     imgs = "".join(f'<figure><img src="{p.name}" alt="{p.stem}"><figcaption>{html.escape(p.stem)}</figcaption></figure>\n'
                    for p in pngs)  # fmt: skip
     (

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from searchrl.config import TrainerConfig
 from searchrl.engine.engine import NonFiniteError
-from searchrl.engine.metrics import read_metrics
+from searchrl.engine.metrics import progress_fields, read_metrics
 from searchrl.engine.trainer import Schedule, Trainer
 from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
 from searchrl.rewards import register_reward
@@ -39,7 +39,7 @@ def test_schedule_is_a_pure_function_of_step():
     assert Schedule(10, 4, seed=3).indices(3) == s.indices(3)
 
 
-def test_sft_learns_and_exports(make_exp, small_world):
+def test_sft_learns_and_exports(make_exp, small_world, caplog):
     exp = make_exp()
     rt = Runtime(exp)
     recs = teacher_records(
@@ -52,6 +52,9 @@ def test_sft_learns_and_exports(make_exp, small_world):
     rows = read_metrics(exp.out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 9))
     assert rows[-1]["train/loss"] < rows[0]["train/loss"]
+    # SFT has no reward: its progress bar shows loss, learning rate and tokens per second
+    assert "reward/mean" not in rows[0] and rows[0]["time/tokens_per_s"] > 0
+    assert set(progress_fields(rows[-1])) == {"loss", "lr", "tok/s"}
     assert all(torch.isfinite(torch.tensor(r["train/grad_norm"])) for r in rows)
     after = state(tr.policy)
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -63,6 +66,13 @@ def test_sft_learns_and_exports(make_exp, small_world):
     model, _ = load_model_and_tokenizer(final)
     loaded = dict(model.named_parameters())
     assert torch.allclose(loaded["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
+    # the tied head is saved once, without accelerate's "Removed shared tensor" warning, and a resume
+    # restores it tied: the same weights, so the same outputs
+    assert not [r for r in caplog.records if "shared tensor" in r.getMessage()]
+    resumed = trainer_for(exp, "sft", cfg, records=recs, resume=True)
+    lm = resumed.engine.unwrap(resumed.policy)
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight
+    assert all(torch.equal(v, after[k]) for k, v in state(resumed.policy).items())
 
 
 def test_grpo_lora_trains_the_adapter_only(make_exp):

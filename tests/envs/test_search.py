@@ -168,3 +168,29 @@ def test_agent_designs_direct_and_rag(world_bm25, small_world):
     assert rag.format_docs(docs) in st.prompt and st.prompt.endswith("<answer>")
     with pytest.raises(ValueError, match="agent must be one of react, direct, rag"):
         SearchEnv(world_bm25, agent="cot")
+
+
+@pytest.mark.parametrize("agent", ["direct", "rag", "react", "research"])
+def test_every_retrieval_is_counted_in_search_metrics(agent, world_bm25, small_world):
+    """Gold recall and the search count equal what the retriever returned, whoever searched: the agent, or
+    the environment itself (the rag design retrieves with the question before the first action)."""
+    from searchrl.eval import episode_metrics, gold_recall
+
+    ex = next(e for e in small_world.examples("test") if e.n_hops == 2)
+    env = SearchEnv(world_bm25, template="short", topk=2, max_turns=3, agent=agent)
+    st = env.reset(ex)
+    queries = [ex.question] if agent == "rag" else []
+    if agent in ("react", "research"):
+        queries.append(ex.hops[0].keys[0])
+        env.step(st, f"<think> first </think>\n<search> {queries[-1]} </search>")
+    env.step(st, f"<think> so </think>\n<answer> {ex.answers[0]} </answer>" if not st.force_answer
+             else f" {ex.answers[0]} </answer>")  # fmt: skip
+    assert st.done
+    returned = {d.id for q in queries for d in world_bm25.search([q], 2)[0]}
+    gold = set(ex.gold_doc_ids)
+    assert gold_recall(st) == pytest.approx(len(gold & returned) / len(gold))
+    m = episode_metrics([st])
+    assert m["searches_per_question"] == len(queries)
+    assert m["gold_doc_recall"] == pytest.approx(len(gold & returned) / len(gold))
+    if agent == "rag":
+        assert m["gold_doc_recall"] > 0  # the question finds a gold document here: it must show

@@ -34,6 +34,24 @@ def _trainable_only(model: Any) -> Any:
     return hook
 
 
+def _without_tied_aliases(model: Any) -> Any:
+    """accelerate save-state hook: drop the second name of a tied parameter (``lm_head.weight`` when the
+    head shares the embedding), as ``save_pretrained`` does. safetensors cannot store shared tensors, so
+    accelerate would drop it anyway, with a warning; loading re-ties it (tested)."""
+    seen: dict[int, str] = {}
+    aliases = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.add(name)
+        seen.setdefault(id(param), name)
+
+    def hook(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+        for i, sd in enumerate(weights):
+            weights[i] = {k: v for k, v in sd.items() if k.removeprefix("module.") not in aliases}
+
+    return hook
+
+
 class Checkpointer:
     def __init__(self, engine: Engine, run_dir: Path, model: Any, tokenizer: Any, keep: int = 2) -> None:
         self.engine, self.dir, self.model, self.tokenizer, self.keep = (
@@ -44,8 +62,9 @@ class Checkpointer:
             keep,
         )
         self.lora = is_peft(lm_of(engine.unwrap(model)))
-        if self.lora and not engine.is_deepspeed:
-            engine.accelerator.register_save_state_pre_hook(_trainable_only(engine.unwrap(model)))
+        if not engine.is_deepspeed:
+            saved = _trainable_only if self.lora else _without_tied_aliases
+            engine.accelerator.register_save_state_pre_hook(saved(engine.unwrap(model)))
 
     def latest(self) -> Path | None:
         pointer = self.dir / "latest"

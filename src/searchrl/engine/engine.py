@@ -14,6 +14,7 @@ timeout (``distributed.timeout``) fails with `CollectiveTimeout`, naming the ste
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -23,6 +24,11 @@ import torch
 
 from searchrl.aggregate import Report, finish, flatten, kind_of, layout
 from searchrl.errors import SearchRLError
+
+# trl's generation helper still reads the property transformers 5 renamed; nothing a user can act on
+warnings.filterwarnings(
+    "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+)
 
 CPU_TIMEOUT_S = 300.0  # a few minutes: a CPU run's processes never legitimately wait longer on each other
 GPU_TIMEOUT_S = 1800.0  # long generations and checkpoint writes of large models on GPUs

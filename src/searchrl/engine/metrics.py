@@ -55,9 +55,7 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
         if self._bar is not None:
-            shown = {k.split("/")[-1]: f"{v:.3f}" for k, v in clean.items()
-                     if k in ("reward/mean", "train/em", "train/loss", "eval/em")}  # fmt: skip
-            self._bar.set_postfix(shown, refresh=False)
+            self._bar.set_postfix(progress_fields(clean), refresh=False)
             self._bar.update(step - self._bar.n)
 
     def close(self) -> None:
@@ -67,6 +65,21 @@ class MetricsSink:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def progress_fields(metrics: dict[str, Any]) -> dict[str, str]:
+    """What the progress bar shows: reward and EM for RL; loss, learning rate and trained tokens per second
+    where there is no reward (SFT, DPO, PRM); the latest evaluation EM."""
+    shown = {k.split("/")[-1]: f"{metrics[k]:.3f}" for k in ("reward/mean", "train/em", "train/loss")
+             if k in metrics}  # fmt: skip
+    if "reward/mean" not in metrics:
+        if "train/lr" in metrics:
+            shown["lr"] = f"{metrics['train/lr']:.1e}"
+        if "time/tokens_per_s" in metrics:
+            shown["tok/s"] = f"{metrics['time/tokens_per_s']:.0f}"
+    if "eval/em" in metrics:
+        shown["eval_em"] = f"{metrics['eval/em']:.3f}"
+    return shown
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -280,7 +280,8 @@ class Trainer:
         local.update({k: Sum(v) for k, v in sums.items()})  # shares of globally normalised means
         if self._grad_norms:  # global already: every process holds the same value
             local["train/grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
-        local["reward/mean"] = Mean(float(batch.rewards[trained].sum()), float(trained.sum()))
+        if self.ctx.generator is not None:  # online: rewards of fresh episodes (offline rows carry labels)
+            local["reward/mean"] = Mean(float(batch.rewards[trained].sum()), float(trained.sum()))
         episodes = [t for t in trajs if t.state is not None]
         if episodes:
             from searchrl.answers import exact_match
@@ -292,7 +293,9 @@ class Trainer:
                       "time/step_s": Max(time.perf_counter() - t0)})  # fmt: skip
         with eng.phase("metrics", step):
             _debug_stall(eng, step, "metrics")
-            return eng.reduce_metrics(local)
+            out = eng.reduce_metrics(local)
+        out["time/tokens_per_s"] = out["train/action_tokens"] / max(out["time/step_s"], 1e-9)
+        return out
 
     def _generation_session(self) -> Any:
         """The policy gathered once for a whole collection (a ZeRO-3 collective), reused by every

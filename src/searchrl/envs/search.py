@@ -70,14 +70,23 @@ class EnvState:
     finish_reason: str | None = None  # "answer" | "budget" | "eos"
     force_answer: bool = False  # the last observation ended with the opening answer tag
     generated_tokens: int = 0  # tokens the agent generated in this episode (set by the rollout loop)
+    # a retrieval the environment made before the first action (the rag design searches with the question):
+    # (query, documents); counted as the episode's first search by the metrics
+    prefetched: tuple[str, tuple[Doc, ...]] | None = None
 
     @property
     def answer(self) -> str | None:
         return self.infos[-1].answer if self.infos and self.infos[-1].kind == "answer" else None
 
+    def searches(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(query, retrieved doc ids) of every retrieval in the episode, in order: the environment's own
+        (`prefetched`) first, then the agent's valid searches."""
+        out = [(self.prefetched[0], tuple(d.id for d in self.prefetched[1]))] if self.prefetched else []
+        return out + [(i.query or "", i.doc_ids) for i in self.infos if i.kind == "search" and i.valid]
+
     @property
     def n_searches(self) -> int:
-        return sum(i.kind == "search" and i.valid for i in self.infos)
+        return len(self.searches())
 
     @property
     def n_turns(self) -> int:
@@ -164,10 +173,13 @@ class SearchEnv:
             prompt = self.template.format(question=example.question)
         if self.agent in ("react", "research"):
             return EnvState(example=example, prompt=prompt)
+        prefetched = None
         if self.agent == "rag":
             [docs] = self.retriever.search([example.question], self.topk)
             prompt += f"\n\n{self.tags.info_open}{self.format_docs(docs)}{self.tags.info_close}\n\n"
-        return EnvState(example=example, prompt=prompt + self.tags.answer_open, force_answer=True)
+            prefetched = (example.question, tuple(docs))
+        return EnvState(example=example, prompt=prompt + self.tags.answer_open, force_answer=True,
+                        prefetched=prefetched)  # fmt: skip
 
     def step(
         self, state: EnvState, action: str, eos: bool = False, stopped: bool = False

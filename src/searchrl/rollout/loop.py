@@ -149,6 +149,7 @@ def run(
     for t in trajs:
         if t.state is not None and t.state.done:
             stats.episodes += 1
+            stats.searches += t.state.prefetched is not None  # the rag design's retrieval with the question
             stats.finish_reasons[t.finish_reason or "unknown"] += 1
     stats.seconds += time.perf_counter() - t0
     return stats
