@@ -31,9 +31,9 @@ def one(a: argparse.Namespace) -> dict[str, float]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from searchrl.engine.models import forward, forward_lean
     from searchrl.functional import token_logprobs
     from searchrl.models.lean_head import add_lean_head
+    from searchrl.models.policy import forward, forward_lean
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 4,

@@ -53,12 +53,14 @@ def world_bm25(small_world):
 def tiny_model_dir(tmp_path_factory, small_world, world_bm25):
     """The tiny local model and tokenizer, built once per session from the small world."""
     from searchrl.envs.search import SearchEnv
+    from searchrl.envs.tags import ALL_TAG_STRINGS
     from searchrl.models.tiny import build_local_model
     from searchrl.runtime import tokenizer_texts
 
     out = tmp_path_factory.mktemp("tiny_model")
     env = SearchEnv(world_bm25, template="short", max_turns=6)
-    return build_local_model("tiny", tokenizer_texts(small_world, env, teacher_examples=100), out, seed=0)
+    texts = tokenizer_texts(small_world, env, teacher_examples=100)
+    return build_local_model("tiny", texts, out, seed=0, tags=ALL_TAG_STRINGS)
 
 
 @pytest.fixture(scope="session")

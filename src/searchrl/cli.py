@@ -56,6 +56,7 @@ def cmd_validate(args: argparse.Namespace) -> None:
 
 def cmd_build_model(args: argparse.Namespace) -> None:
     from searchrl.config import load_experiment
+    from searchrl.envs.tags import ALL_TAG_STRINGS
     from searchrl.models.tiny import SIZES, build_local_model
     from searchrl.runtime import Runtime, tokenizer_texts
 
@@ -67,7 +68,9 @@ def cmd_build_model(args: argparse.Namespace) -> None:
     rt = Runtime(exp)
     if rt.world is None:
         raise SearchRLError("build-model trains its tokenizer on a synthetic world: pass --world DIR")
-    out = build_local_model(args.size, tokenizer_texts(rt.world, rt.env()), args.out, seed=exp.seed)
+    out = build_local_model(
+        args.size, tokenizer_texts(rt.world, rt.env()), args.out, seed=exp.seed, tags=ALL_TAG_STRINGS
+    )
     print(f"built a {args.size} Qwen2 model and tokenizer in {out}")
 
 
@@ -110,7 +113,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_serve_model(args: argparse.Namespace) -> None:
-    from searchrl.models.chat import LocalChat, make_chat_server
+    from searchrl.chat_server import make_chat_server
+    from searchrl.rollout.chat import LocalChat
 
     server = make_chat_server(
         LocalChat.load(args.model), args.name or Path(args.model).name, args.host, args.port

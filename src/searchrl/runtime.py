@@ -17,7 +17,7 @@ from searchrl.envs.retrievers import build_retriever
 from searchrl.envs.retrievers.base import Retriever
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.world import World
-from searchrl.envs.tags import CHAT_TEMPLATES, TEMPLATES
+from searchrl.envs.tags import ALL_TAG_STRINGS, CHAT_TEMPLATES, TEMPLATES
 from searchrl.errors import ConfigError
 
 
@@ -156,5 +156,5 @@ def local_model_dir(rt: Runtime) -> Path:
     out = rt.world_dir / (f"model-{m.size}" if m.tokenizer == "local" else f"model-{m.size}-{m.tokenizer}")
     if not (out / "config.json").exists():
         texts = tokenizer_texts(rt.world, rt.env()) if m.tokenizer == "local" else []
-        build_local_model(m.size, texts, out, seed=rt.exp.seed, tokenizer=m.tokenizer)
+        build_local_model(m.size, texts, out, seed=rt.exp.seed, tokenizer=m.tokenizer, tags=ALL_TAG_STRINGS)
     return out

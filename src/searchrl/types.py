@@ -12,10 +12,67 @@ from typing import Any, Literal
 
 import torch
 
+from searchrl.data.corpus import Doc
 from searchrl.data.example import Example
-from searchrl.envs.search import EnvState, StepInfo
 
 SegmentKind = Literal["prompt", "action", "observation"]
+
+
+# ------------------------------------------------------------------ the search environment's state
+@dataclass(frozen=True)
+class StepInfo:
+    kind: str  # "search" | "answer" | "invalid"
+    valid: bool
+    error: str | None = None  # one of `envs.search.ERRORS` when something is malformed
+    query: str | None = None
+    doc_ids: tuple[str, ...] = ()
+    answer: str | None = None  # extracted answer (inside \boxed{} for the research tag set)
+    forced: bool = False  # the answer tag was forced by the turn budget
+
+
+@dataclass
+class EnvState:
+    example: Example
+    prompt: str
+    actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    infos: list[StepInfo] = field(default_factory=list)
+    retrieved: list[list[Doc]] = field(default_factory=list)  # per step (empty for non-search steps)
+    done: bool = False
+    finish_reason: str | None = None  # "answer" | "budget" | "eos"
+    force_answer: bool = False  # the last observation ended with the opening answer tag
+    generated_tokens: int = 0  # tokens the agent generated in this episode (set by the rollout loop)
+    # a retrieval the environment made before the first action (the rag design searches with the question):
+    # (query, documents); counted as the episode's first search by the metrics
+    prefetched: tuple[str, tuple[Doc, ...]] | None = None
+
+    @property
+    def answer(self) -> str | None:
+        return self.infos[-1].answer if self.infos and self.infos[-1].kind == "answer" else None
+
+    def searches(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(query, retrieved doc ids) of every retrieval in the episode, in order: the environment's own
+        (`prefetched`) first, then the agent's valid searches."""
+        out = [(self.prefetched[0], tuple(d.id for d in self.prefetched[1]))] if self.prefetched else []
+        return out + [(i.query or "", i.doc_ids) for i in self.infos if i.kind == "search" and i.valid]
+
+    @property
+    def n_searches(self) -> int:
+        return len(self.searches())
+
+    @property
+    def n_turns(self) -> int:
+        return sum(i.kind != "answer" for i in self.infos)
+
+    def text(self) -> str:
+        """Prompt + every action and observation, in order."""
+        parts = [self.prompt]
+        for a, o in zip(self.actions, self.observations):
+            parts += [a, o]
+        return "".join(parts)
+
+
+# ------------------------------------------------------------------ trajectories and batches
 
 
 @dataclass

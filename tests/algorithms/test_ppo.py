@@ -160,7 +160,7 @@ def test_adaptive_kl_moves_towards_the_target_and_is_resumable():
 
 
 def test_critic_gets_its_own_learning_rate():
-    from searchrl.engine.models import PolicyWithValue
+    from searchrl.models.policy import PolicyWithValue
 
     lm = torch.nn.Module()
     lm.config = type("C", (), {"hidden_size": 4})()

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from searchrl.config import TrainerConfig
-from searchrl.engine.models import PolicyWithValue, forward, forward_lean
 from searchrl.functional import token_entropy, token_logprobs
 from searchrl.models.lean_head import add_lean_head
+from searchrl.models.policy import PolicyWithValue, forward, forward_lean
 
 
 def random_batch(V: int, B: int = 3, T: int = 11, seed: int = 0):

@@ -8,8 +8,9 @@ import pytest
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
-from searchrl.envs.summarize import NO_ANSWER, ExtractiveSummarizer, LLMSummarizer
+from searchrl.envs.summarize import NO_ANSWER, ExtractiveSummarizer
 from searchrl.errors import ConfigError
+from searchrl.rollout.chat import LLMSummarizer
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import encode, rollout
 from tests.helpers import ScriptedCandidates
@@ -163,9 +164,9 @@ def test_llm_summarizer_sends_figure_7_and_falls_back_when_a_request_fails(monke
             sent.extend(convs)
             return ["  Grouthzeis,\n per Doc 1. ", None]
 
-    import searchrl.rewards.llm_judge as lj
+    import searchrl.rollout.chat as chat
 
-    monkeypatch.setattr(lj, "chat_client", lambda *a: Client())
+    monkeypatch.setattr(chat, "chat_client", lambda *a: Client())
     out = LLMSummarizer(model="m")([(EX.question, "Graitrekin birthplace", [DOC]), (EX.question, "x", [])])
     assert out == ["Grouthzeis, per Doc 1.", NO_ANSWER]
     prompt = sent[0][0]["content"]

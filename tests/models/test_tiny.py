@@ -34,7 +34,7 @@ def test_small_size_parameter_count(tmp_path, small_world, world_bm25):
     from searchrl.runtime import tokenizer_texts
 
     texts = tokenizer_texts(small_world, SearchEnv(world_bm25, template="short"), teacher_examples=20)
-    path = build_local_model("small", texts, tmp_path, seed=0)
+    path = build_local_model("small", texts, tmp_path, seed=0, tags=ALL_TAG_STRINGS)
     model, _ = load_model_and_tokenizer(path)
     assert 500_000 <= count_parameters(model) <= 1_200_000  # ~0.8M with the 3072-token vocabulary
 

@@ -6,11 +6,12 @@ import threading
 
 import pytest
 
+from searchrl.chat_server import make_chat_server
 from searchrl.envs.search import SearchEnv
 from searchrl.models import load_model_and_tokenizer
-from searchrl.models.chat import LocalChat, make_chat_server
 from searchrl.rewards.judges import JudgeItem
 from searchrl.rewards.llm_judge import LLMJudge, parse_score
+from searchrl.rollout.chat import LocalChat
 from searchrl.serving import JSONHandler, ServiceError, post_json
 
 

@@ -34,12 +34,13 @@ def recompute(model, prompt, gen, temperature):
 def small_model_dir(tmp_path_factory, small_world, world_bm25):
     """The `small` local model: vLLM's CPU attention needs a head size of 32 or more (`tiny` has 24)."""
     from searchrl.envs.search import SearchEnv
+    from searchrl.envs.tags import ALL_TAG_STRINGS
     from searchrl.models.tiny import build_local_model
     from searchrl.runtime import tokenizer_texts
 
     env = SearchEnv(world_bm25, template="short", max_turns=6)
     return build_local_model("small", tokenizer_texts(small_world, env, teacher_examples=100),
-                             tmp_path_factory.mktemp("small_model"), seed=0)  # fmt: skip
+                             tmp_path_factory.mktemp("small_model"), seed=0, tags=ALL_TAG_STRINGS)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,10 @@
-"""Advantage estimators: registered pure functions on tensors. Shapes: B sequences, T tokens."""
+"""Advantage estimators: pure functions on tensors. Shapes: B sequences, T tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
-from searchrl.registry import Registry
 
-ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage estimator")
-
-
-@ADVANTAGES.register("grpo")
 def grpo_outcome(
     rewards: torch.Tensor, group_ids: torch.Tensor, std_normalize: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:
@@ -40,7 +32,6 @@ def broadcast_to_tokens(adv: torch.Tensor, loss_mask: torch.Tensor) -> torch.Ten
     return adv[:, None] * loss_mask
 
 
-@ADVANTAGES.register("gae")
 def gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,18 +1,11 @@
-"""Per-token losses: registered pure functions returning (loss (B, T), per-token metrics {name: (B, T)}).
+"""Per-token losses: pure functions returning (loss (B, T), per-token metrics {name: (B, T)}).
 
 The trainer aggregates them with `functional.token_weights`, so every loss here is unreduced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
-
-from searchrl.registry import Registry
-
-LOSSES: Registry[Callable[..., Any]] = Registry("loss")
 
 
 def check_stabilisers(dual_clip: float | None, kl_clamp: float | None) -> None:
@@ -23,7 +16,6 @@ def check_stabilisers(dual_clip: float | None, kl_clamp: float | None) -> None:
         raise ValueError(f"kl_clamp must be > 0 (verl uses 10) or null, got {kl_clamp}")
 
 
-@LOSSES.register("clipped_pg")
 def clipped_policy_loss(
     logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float = 0.2,
     clip_high: float = 0.2, dual_clip: float | None = None,
@@ -54,7 +46,6 @@ def clipped_policy_loss(
     return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "ratio": ratio.detach(), **metrics}
 
 
-@LOSSES.register("nll")
 def nll_loss(logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Negative log-likelihood of the target tokens (SFT)."""
     return -logp, {"nll": -logp.detach()}

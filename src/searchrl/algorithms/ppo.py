@@ -1,6 +1,6 @@
 """PPO with a GAE critic, as in Search-R1 (Jin et al., 2025) and StepSearch's eq. 1.
 
-The critic is a value head on the policy (`engine.models.PolicyWithValue`): one module, one engine under
+The critic is a value head on the policy (`models.policy.PolicyWithValue`): one module, one engine under
 ZeRO-3; under LoRA the adapter and the head train. Per step:
 
 1. rollouts, scored by the reward pipeline: an outcome reward per episode and, for process rewards

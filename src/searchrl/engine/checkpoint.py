@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.engine.engine import Engine
-from searchrl.engine.models import is_peft, lm_of
+from searchrl.models.policy import is_peft, lm_of
 
 
 def _trainable_only(model: Any) -> Any:

@@ -27,9 +27,9 @@ from searchrl.config import ConfigError, TrainerConfig, from_dict
 from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.metrics import MetricsSink
-from searchrl.engine.models import Reference, forward, forward_lean, load_policy
 from searchrl.functional import token_entropy, token_logprobs, token_weights
 from searchrl.masking import build_batch
+from searchrl.models.policy import Reference, forward, forward_lean, load_policy
 from searchrl.rollout.generator import GENERATORS, SamplingParams
 from searchrl.types import RolloutBatch, Segment, Trajectory
 

@@ -24,7 +24,7 @@ from searchrl.registry import Registry
 
 SummaryItem = tuple[str, str, Sequence[Doc]]  # (question, query, documents)
 SUMMARIZERS: Registry[Callable[..., Any]] = Registry("summarizer")
-SUMMARIZERS.add_lazy("llm", "searchrl.envs.summarize:LLMSummarizer")
+SUMMARIZERS.add_lazy("llm", "searchrl.rollout.chat:LLMSummarizer")  # a chat model: the rollout layer
 
 NO_ANSWER = "The documents do not answer this query."
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -67,30 +67,3 @@ class ExtractiveSummarizer:
         scored = [(len(q & _stems(s)), -i, s) for i, s in enumerate(sentences)]
         best = sorted((x for x in scored if x[0] > 0), reverse=True)[: self.max_sentences]
         return " ".join(s for *_, s in sorted(best, key=lambda x: -x[1])) if best else NO_ANSWER
-
-
-class LLMSummarizer:
-    """Figure 7's prompt to a chat model; a failed request falls back to `NO_ANSWER`."""
-
-    def __init__(self, backend: str = "openai", model: str = "", url: str = "http://127.0.0.1:8001/v1",
-                 api_key_env: str | None = "OPENAI_API_KEY", max_tokens: int = 128, temperature: float = 0.0,
-                 timeout: float = 60.0, retries: int = 2, workers: int = 8, max_doc_chars: int = 4000) -> None:  # fmt: skip
-        from searchrl.rewards.llm_judge import chat_client
-
-        self.client = chat_client(
-            backend, model, url, api_key_env, timeout, retries, workers, "env.summarizer"
-        )
-        self.max_tokens, self.temperature, self.max_doc_chars = max_tokens, temperature, max_doc_chars
-
-    def __call__(self, items: Sequence[SummaryItem]) -> list[str]:
-        convs = []
-        from searchrl.envs.search import format_docs
-
-        for question, query, docs in items:
-            text = format_docs(docs)
-            prompt = SUMMARY_PROMPT.format(
-                documents=text[: self.max_doc_chars], question=question, query=query
-            )
-            convs.append([{"role": "user", "content": prompt}])
-        out = self.client.complete(convs, self.max_tokens, self.temperature) if convs else []
-        return [" ".join(t.split()) if t and t.strip() else NO_ANSWER for t in out]

@@ -1,21 +1,20 @@
 """Small Qwen2-architecture models and byte-level BPE tokenizers, built locally (no hub access).
 
-The tag strings of both protocols are single special tokens, so stop-at-tag generation and loss masks
-work on token ids. Everything is saved in Hugging Face format and loads with ``from_pretrained``.
+The caller's tag strings (`envs.tags.ALL_TAG_STRINGS`) become single special tokens, so stop-at-tag generation
+and loss masks work on token ids. Everything is saved in Hugging Face format and loads with
+``from_pretrained``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from searchrl.envs.tags import ALL_TAG_STRINGS
-
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
-SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD, *CHAT_TOKENS, *ALL_TAG_STRINGS)
+SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD, *CHAT_TOKENS)  # then the caller's tags
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,10 @@ SIZES: dict[str, ModelSize] = {
 TOKENIZERS = ("local", "qwen2.5")  # a tokenizer trained on the world (tags are tokens), or Qwen2.5's
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None):
-    """Byte-level BPE (lossless on any text) with every tag string as one special token."""
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None, tags: Sequence[str] = ()
+):
+    """Byte-level BPE (lossless on any text) with every string of ``tags`` as one special token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -53,7 +54,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path |
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(dict.fromkeys([*SPECIAL_TOKENS, *tags])),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -100,11 +101,12 @@ def build_model(size: str | ModelSize, tokenizer, seed: int = 0, vocab_rows: int
 
 
 def build_local_model(
-    size: str, texts: Iterable[str], out_dir: str | Path, seed: int = 0, tokenizer: str = "local"
-) -> Path:
+    size: str, texts: Iterable[str], out_dir: str | Path, seed: int = 0, tokenizer: str = "local",
+    tags: Sequence[str] = (),
+) -> Path:  # fmt: skip
     """Build a model of ``size`` with a tokenizer and save both to ``out_dir``. ``tokenizer``: ``local``
-    trains one on ``texts`` (every tag one special token); ``qwen2.5`` is Qwen2.5's real vocabulary (tags
-    are text; ``texts`` is not read)."""
+    trains one on ``texts``, every string of ``tags`` one special token (pass `envs.tags.ALL_TAG_STRINGS`);
+    ``qwen2.5`` is Qwen2.5's real vocabulary (tags are text; ``texts`` and ``tags`` are not read)."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
     if tokenizer not in TOKENIZERS:
@@ -114,7 +116,7 @@ def build_local_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer == "local":
-        tok = train_tokenizer(texts, SIZES[size].vocab_size)
+        tok = train_tokenizer(texts, SIZES[size].vocab_size, tags=tags)
         model = build_model(size, tok, seed=seed)
     else:
         from searchrl.models.qwen import VOCAB_ROWS, end_of_turn_ids, qwen_tokenizer

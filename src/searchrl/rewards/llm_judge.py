@@ -19,15 +19,12 @@ A request that times out, fails, or returns no parsable score scores 0 and is co
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from searchrl.envs.search import EnvState
 from searchrl.rewards.judges import JudgeItem, JudgeScores, think_text
-from searchrl.serving import ServiceError, post_json
+from searchrl.rollout.chat import chat_client
 
 SYSTEM = (
     "You are a strict grader of a search agent that answers questions by reasoning and calling a search "
@@ -95,51 +92,6 @@ def render_context(state: EnvState, max_chars: int) -> str:
     return text if len(text) <= max_chars else "…" + text[-max_chars:]
 
 
-class OpenAIChatClient:
-    def __init__(self, url: str, model: str, api_key_env: str | None, timeout: float, retries: int, workers: int
-                 ) -> None:  # fmt: skip
-        self.url = url.rstrip("/") + (
-            "" if url.rstrip("/").endswith("/chat/completions") else "/chat/completions"
-        )
-        self.model, self.api_key_env = model, api_key_env
-        self.timeout, self.retries, self.workers = timeout, retries, workers
-
-    def _one(self, messages: list[dict[str, str]], max_tokens: int, temperature: float) -> str | None:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        body = {
-            "model": self.model,
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-        }
-        try:
-            out = post_json(self.url, body, self.timeout, self.retries, 0.5, headers)
-            return str(out["choices"][0]["message"]["content"])
-        except (ServiceError, KeyError, IndexError, TypeError):
-            return None
-
-    def complete(self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
-                 ) -> list[str | None]:  # fmt: skip
-        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            return list(pool.map(lambda m: self._one(m, max_tokens, temperature), conversations))
-
-
-def chat_client(backend: str, model: str, url: str, api_key_env: str | None, timeout: float, retries: int,
-                workers: int, key: str) -> Any:  # fmt: skip
-    """A batched chat client: an OpenAI-compatible server (``openai``) or a local model directory (``hf``).
-    ``key`` names the config section in errors."""
-    if backend not in ("hf", "openai"):
-        raise ValueError(f"{key}.backend must be 'hf' or 'openai', got {backend!r}")
-    if not model:
-        raise ValueError(f"{key}.model is required: a local model directory (hf) or a model name (openai)")
-    if backend == "openai":
-        return OpenAIChatClient(url, model, api_key_env, timeout, retries, workers)
-    from searchrl.models.chat import LocalChat
-
-    return _LocalClient(LocalChat.load(model))
-
-
 class LLMJudge:
     def __init__(
         self,
@@ -191,12 +143,3 @@ class LLMJudge:
             out.append(JudgeScores(think=parts[i].get("think", 0.0), query=parts[i].get("query", -1.0 if search else 0.0),
                                    answer=parts[i].get("answer", 0.0 if search else -1.0), failed=failed[i]))  # fmt: skip
         return out
-
-
-class _LocalClient:
-    def __init__(self, chat: Any) -> None:
-        self.chat = chat
-
-    def complete(self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
-                 ) -> list[str | None]:  # fmt: skip
-        return [text for text, _ in self.chat.complete(conversations, max_tokens, temperature)]

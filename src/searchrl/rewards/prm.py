@@ -19,8 +19,8 @@ class PRMScorer:
     def __init__(self, path: str | Path, batch_size: int = 32) -> None:
         from safetensors.torch import load_file
 
-        from searchrl.engine.models import VALUE_HEAD_FILE, PolicyWithValue
         from searchrl.models.load import load_model_and_tokenizer
+        from searchrl.models.policy import VALUE_HEAD_FILE, PolicyWithValue
 
         head = Path(path) / VALUE_HEAD_FILE
         if not head.exists():
@@ -35,7 +35,7 @@ class PRMScorer:
 
     @torch.no_grad()
     def score(self, states: list[list[int]], actions: list[list[int]]) -> list[float]:
-        from searchrl.engine.models import forward
+        from searchrl.models.policy import forward
 
         eos = self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id

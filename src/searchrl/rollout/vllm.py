@@ -125,7 +125,7 @@ class VLLMGenerator:
         if self.sleep:
             self.llm.wake_up()
         with self.model_context() as model:
-            from searchrl.engine.models import is_peft, lm_of
+            from searchrl.models.policy import is_peft, lm_of
 
             lm = lm_of(model)
             peft = is_peft(lm)
@@ -157,7 +157,7 @@ def _peft_weights(lm: Any) -> Any:
 
 
 def _model_path(model: Any) -> str:
-    from searchrl.engine.models import is_peft, lm_of
+    from searchrl.models.policy import is_peft, lm_of
 
     lm = lm_of(model)
     if is_peft(lm):

@@ -94,10 +94,6 @@ class Entity:
         return (self.name,)
 
 
-def display_of(kind: str, name: str) -> str:
-    return f"{name} University" if kind == "university" else name
-
-
 class World:
     def __init__(self, config: WorldConfig, entities: list[Entity], name_pool: dict[str, list[str]]) -> None:
         self.config = config

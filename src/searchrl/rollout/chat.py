@@ -1,0 +1,137 @@
+"""Chat models for judges and summarizers: a local Hugging Face model through `HFGenerator` (`LocalChat`), or
+any OpenAI-compatible server (`OpenAIChatClient`), behind one batched client (`chat_client`); and RAG-Gym's
+LLM summarizer built on them (`searchrl serve-model` serves a `LocalChat`, see `searchrl.chat_server`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from searchrl.envs.summarize import NO_ANSWER, SUMMARY_PROMPT, SummaryItem
+from searchrl.serving import ServiceError, post_json
+
+Messages = list[dict[str, str]]
+
+
+def chat_prompt(tokenizer: Any, messages: Messages) -> list[int]:
+    """Token ids of ``messages`` with the generation prompt: the tokenizer's chat template when it has
+    one (Qwen2.5 does), else a plain ``Role: content`` transcript ending in ``Assistant:``."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class LocalChat:
+    """Batched greedy (or sampled) chat completion with a local model through `HFGenerator`."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_context: int = 4096, batch_size: int = 16) -> None:
+        from searchrl.rollout.hf import HFGenerator
+
+        self.tokenizer, self.max_context = tokenizer, max_context
+        self.generator = HFGenerator(model.eval(), tokenizer, stop_strings=(), batch_size=batch_size,
+                                     reuse_cache=False)  # fmt: skip
+
+    @classmethod
+    def load(cls, path: str, **kwargs: Any) -> LocalChat:
+        from searchrl.models.load import load_model_and_tokenizer
+
+        model, tok = load_model_and_tokenizer(path)
+        return cls(model, tok, **kwargs)
+
+    def complete(self, conversations: list[Messages], max_tokens: int = 256, temperature: float = 0.0
+                 ) -> list[tuple[str, str]]:  # fmt: skip
+        """(text, finish reason "stop" | "length") per conversation; over-long prompts keep their end."""
+        from searchrl.rollout.generator import SamplingParams
+
+        keep = max(1, self.max_context - max_tokens)
+        prompts = [chat_prompt(self.tokenizer, m)[-keep:] for m in conversations]
+        gens = self.generator.generate(prompts, SamplingParams(temperature, 1.0, max_tokens))
+        return [
+            (
+                self.tokenizer.decode(g.token_ids, skip_special_tokens=True),
+                "length" if g.finish == "length" else "stop",
+            )
+            for g in gens
+        ]
+
+
+class OpenAIChatClient:
+    def __init__(self, url: str, model: str, api_key_env: str | None, timeout: float, retries: int, workers: int
+                 ) -> None:  # fmt: skip
+        self.url = url.rstrip("/") + (
+            "" if url.rstrip("/").endswith("/chat/completions") else "/chat/completions"
+        )
+        self.model, self.api_key_env = model, api_key_env
+        self.timeout, self.retries, self.workers = timeout, retries, workers
+
+    def _one(self, messages: list[dict[str, str]], max_tokens: int, temperature: float) -> str | None:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
+        try:
+            out = post_json(self.url, body, self.timeout, self.retries, 0.5, headers)
+            return str(out["choices"][0]["message"]["content"])
+        except (ServiceError, KeyError, IndexError, TypeError):
+            return None
+
+    def complete(self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
+                 ) -> list[str | None]:  # fmt: skip
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            return list(pool.map(lambda m: self._one(m, max_tokens, temperature), conversations))
+
+
+def chat_client(backend: str, model: str, url: str, api_key_env: str | None, timeout: float, retries: int,
+                workers: int, key: str) -> Any:  # fmt: skip
+    """A batched chat client: an OpenAI-compatible server (``openai``) or a local model directory (``hf``).
+    ``key`` names the config section in errors."""
+    if backend not in ("hf", "openai"):
+        raise ValueError(f"{key}.backend must be 'hf' or 'openai', got {backend!r}")
+    if not model:
+        raise ValueError(f"{key}.model is required: a local model directory (hf) or a model name (openai)")
+    if backend == "openai":
+        return OpenAIChatClient(url, model, api_key_env, timeout, retries, workers)
+    return _LocalClient(LocalChat.load(model))
+
+
+class _LocalClient:
+    def __init__(self, chat: Any) -> None:
+        self.chat = chat
+
+    def complete(self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
+                 ) -> list[str | None]:  # fmt: skip
+        return [text for text, _ in self.chat.complete(conversations, max_tokens, temperature)]
+
+
+class LLMSummarizer:
+    """Figure 7's prompt to a chat model; a failed request falls back to `NO_ANSWER`."""
+
+    def __init__(self, backend: str = "openai", model: str = "", url: str = "http://127.0.0.1:8001/v1",
+                 api_key_env: str | None = "OPENAI_API_KEY", max_tokens: int = 128, temperature: float = 0.0,
+                 timeout: float = 60.0, retries: int = 2, workers: int = 8, max_doc_chars: int = 4000) -> None:  # fmt: skip
+        self.client = chat_client(
+            backend, model, url, api_key_env, timeout, retries, workers, "env.summarizer"
+        )
+        self.max_tokens, self.temperature, self.max_doc_chars = max_tokens, temperature, max_doc_chars
+
+    def __call__(self, items: Sequence[SummaryItem]) -> list[str]:
+        convs = []
+        from searchrl.envs.search import format_docs
+
+        for question, query, docs in items:
+            text = format_docs(docs)
+            prompt = SUMMARY_PROMPT.format(
+                documents=text[: self.max_doc_chars], question=question, query=query
+            )
+            convs.append([{"role": "user", "content": prompt}])
+        out = self.client.complete(convs, self.max_tokens, self.temperature) if convs else []
+        return [" ".join(t.split()) if t and t.strip() else NO_ANSWER for t in out]
