@@ -192,3 +192,34 @@ def test_every_shipped_sweep_validates():
         sweep = load_sweep(f)
         assert len(sweep.runs) >= (2 if f.stem == "smoke" else 6)
         check(sweep)
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [
+        ("env.topk=0", "must be at least 1"),
+        ("env.max_turns=-1", "must be at least 1"),
+        ("trainer.save_every=0", "must be at least 1"),
+        ("trainer.keep_checkpoints=0", "must be at least 1"),
+        ("trainer.steps=0", "must be at least 1"),
+        ("trainer.batch_size=-2", "must be at least 1"),
+        ("trainer.lr=.nan", "expected a finite number"),
+        ("trainer.lr=0", "must be greater than 0"),
+        ("eval.limit=-1", "must be at least 1"),
+        ("rollout.top_p=0", "must be in (0, 1]"),
+        ("model.lora={dropout: 1.0}", "must be in [0, 1)"),
+    ],
+)
+def test_out_of_range_values_are_config_errors(override, problem):
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError) as e:
+        load_experiment(REPO / "experiments" / "quickstart.yaml", [override])
+    assert problem in str(e.value) and f"key '{key}" in str(e.value)
+
+
+def test_a_mapping_override_merges_into_its_section():
+    base = load_experiment(REPO / "experiments" / "quickstart.yaml")
+    exp = load_experiment(REPO / "experiments" / "quickstart.yaml", ["trainer={steps: 2}"])
+    assert exp.trainer.steps == 2 and exp.trainer.lr == base.trainer.lr and exp.trainer.lr != 1.0e-6
+    other = load_experiment(REPO / "experiments" / "quickstart.yaml", ["algorithm={name: ppo}"])
+    assert other.algorithm.name == "ppo" and "clip_low" not in other.algorithm.args  # a new name: replaced

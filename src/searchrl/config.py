@@ -10,9 +10,11 @@ the valid choices, with a close-match suggestion for typos.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -216,6 +218,36 @@ class DistributedConfig:
     timeout: float | None = None
 
 
+# Value ranges, checked wherever a section is read (files, overrides, `searchrl validate`, every command).
+_AT_LEAST_1, _AT_LEAST_0, _POSITIVE = (
+    (lambda v: v >= 1, "at least 1"),
+    (lambda v: v >= 0, "at least 0"),
+    (
+        lambda v: v > 0,
+        "greater than 0",
+    ),
+)
+RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "DataConfig": {"limit": _AT_LEAST_1},
+    "RetrieverConfig": {"cache": _AT_LEAST_0},
+    "EnvConfig": {"topk": _AT_LEAST_1, "max_turns": _AT_LEAST_1, "max_query_chars": _AT_LEAST_1,
+                  "doc_max_words": _AT_LEAST_1},
+    "LoraConfig": {"r": _AT_LEAST_1, "alpha": _POSITIVE, "dropout": (lambda v: 0 <= v < 1, "in [0, 1)")},
+    "RolloutConfig": {"group_size": _AT_LEAST_1, "temperature": _AT_LEAST_0,
+                      "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"), "max_new_tokens": _AT_LEAST_1,
+                      "max_total_tokens": _AT_LEAST_1, "batch_size": _AT_LEAST_1},
+    "TrainerConfig": {"steps": _AT_LEAST_1, "batch_size": _AT_LEAST_1, "micro_batch_size": _AT_LEAST_1,
+                      "lr": _POSITIVE, "weight_decay": _AT_LEAST_0, "warmup_steps": _AT_LEAST_0,
+                      "max_grad_norm": _POSITIVE, "epochs": _AT_LEAST_1, "mini_batches": _AT_LEAST_1,
+                      "save_every": _AT_LEAST_1, "keep_checkpoints": _AT_LEAST_1, "eval_every": _AT_LEAST_0,
+                      "eval_limit": _AT_LEAST_1},
+    "WarmStartConfig": {"teacher_passes": _AT_LEAST_1},
+    "EvalConfig": {"limit": _AT_LEAST_1, "temperature": _AT_LEAST_0, "best_of_temperature": _AT_LEAST_0},
+    "ProcessDataConfig": {"n": _AT_LEAST_1, "limit": _AT_LEAST_1, "temperature": _AT_LEAST_0},
+    "DistributedConfig": {"timeout": _POSITIVE},
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Experiment:
     name: str = "experiment"
@@ -328,7 +360,8 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: _Ctx) -> dict[str, Any]:
-    """``a.b=c`` sets data['a']['b'] to YAML-parsed ``c``."""
+    """``a.b=c`` sets data['a']['b'] to YAML-parsed ``c``; a mapping ``c`` merges into an existing section
+    (``trainer={steps: 2}`` keeps the file's other trainer keys; a different ``name`` replaces it)."""
     data = _merge({}, data)
     for item in overrides:
         key, eq, raw = item.partition("=")
@@ -349,7 +382,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: _Ctx) -> di
             if not isinstance(node.get(p), dict):
                 node[p] = {}
             node = node[p]
-        node[parts[-1]] = value
+        old = node.get(parts[-1])  # a mapping merges into the section, as a file's `base:` does
+        node[parts[-1]] = _merge({"_": old}, {"_": value})["_"] if isinstance(old, dict) else value
         ctx.source[key] = f"command line override '{item}'"
     return data
 
@@ -508,6 +542,7 @@ def _convert_dataclass(cls: Any, value: Any, ctx: _Ctx, key: str) -> Any:
             raise ctx.error(sub, "unknown key", value=k, choices=list(fields))
         kwargs[k] = convert(hints[k], v, ctx, sub)
         _check_names(fields[k], kwargs[k], ctx, sub)
+        _check_range(cls.__name__, k, kwargs[k], ctx, sub)
     missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]  # fmt: skip
     if missing:
@@ -517,6 +552,14 @@ def _convert_dataclass(cls: Any, value: Any, ctx: _Ctx, key: str) -> Any:
     except (ValueError, TypeError) as exc:
         raise ctx.error(key, str(exc)) from exc
     return obj
+
+
+def _check_range(section: str, name: str, value: Any, ctx: _Ctx, key: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ctx.error(key, "expected a finite number", value=value)
+    check = RANGES.get(section, {}).get(name)
+    if check is not None and value is not None and not check[0](value):
+        raise ctx.error(key, f"must be {check[1]}", value=value)
 
 
 def _check_names(f: dataclasses.Field, value: Any, ctx: _Ctx, key: str) -> None:
