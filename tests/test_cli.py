@@ -126,3 +126,20 @@ def test_no_deepspeed_cpu_fallback_notice():
     out = subprocess.run([sys.executable, "-c", "import searchrl, deepspeed"], capture_output=True, text=True,
                          check=True)  # fmt: skip
     assert "Setting accelerator to CPU" not in out.stdout + out.stderr
+
+
+def test_dependency_deprecations_users_cannot_act_on_are_quiet():
+    """DeepSpeed ZeRO-3 calls renamed torch.distributed collectives on every step; trl reads a renamed property."""
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, searchrl.engine.engine\n"
+        "for m in ('`torch.distributed.all_gather_into_tensor` is deprecated. Please use x',\n"
+        "          '`torch.distributed.reduce_scatter_tensor` is deprecated. Please use x',\n"
+        "          '`is_gradient_checkpointing` is deprecated and will be removed in v6.'):\n"
+        "    warnings.warn(m, FutureWarning)\n"
+        "warnings.warn('something else is deprecated', FutureWarning)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "is deprecated" in out.stderr and out.stderr.count("deprecated") == 1  # only the unrelated one

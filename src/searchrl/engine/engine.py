@@ -25,9 +25,15 @@ import torch
 from searchrl.aggregate import Report, finish, flatten, kind_of, layout
 from searchrl.errors import SearchRLError
 
-# trl's generation helper still reads the property transformers 5 renamed; nothing a user can act on
+# Deprecations inside our dependencies, nothing a user can act on: trl's generation helper reads a property
+# transformers 5 renamed; DeepSpeed ZeRO-3 calls torch.distributed collectives torch 2.13 renamed (every step)
 warnings.filterwarnings(
     "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+)
+warnings.filterwarnings(
+    "ignore",
+    message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+    category=FutureWarning,
 )
 
 CPU_TIMEOUT_S = 300.0  # a few minutes: a CPU run's processes never legitimately wait longer on each other
