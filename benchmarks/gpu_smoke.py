@@ -126,8 +126,9 @@ def offline_records(rt: Any, algo: str) -> list[dict[str, Any]] | None:
 def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Path) -> dict[str, Any]:
     import torch
 
-    from searchrl.config import TrainerConfig, load_experiment
+    from searchrl.config import TrainerConfig
     from searchrl.engine.trainer import Trainer
+    from searchrl.experiment import load_experiment
     from searchrl.runtime import Runtime
 
     exp = load_experiment(None, overrides(a, world, tmp / f"{algo}-{backend}", algo, backend))

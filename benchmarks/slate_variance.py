@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from searchrl.algorithms.slate import step_reward
-from searchrl.config import load_experiment
 from searchrl.envs.search import EnvState
+from searchrl.experiment import load_experiment
 from searchrl.models.load import load_model_and_tokenizer
 from searchrl.rewards.judges import JudgeItem, RuleJudge
 from searchrl.rollout.generator import SamplingParams

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from searchrl.config import TrainerConfig, load_experiment
+from searchrl.config import TrainerConfig
 from searchrl.engine.trainer import Trainer
+from searchrl.experiment import load_experiment
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator
 from searchrl.rollout.loop import rollout

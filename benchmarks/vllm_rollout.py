@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from searchrl.config import load_experiment
+from searchrl.experiment import load_experiment
 from searchrl.models.load import load_model_and_tokenizer
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator

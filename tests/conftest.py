@@ -77,7 +77,7 @@ def world_dir(tmp_path_factory, small_world):
 @pytest.fixture
 def make_exp(world_dir, tiny_model_dir, tmp_path):
     """An experiment on the small world and the tiny model, writing into this test's tmp dir."""
-    from searchrl.config import load_experiment
+    from searchrl.experiment import load_experiment
 
     def make(*overrides: str):
         return load_experiment(None, [f"data.world_dir={world_dir}", f"model.path={tiny_model_dir}",
@@ -93,9 +93,10 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
     """The tiny model after 30 SFT steps on teacher trajectories: it emits the tags, so its episodes take
     1-3 turns and end in different ways. Tests that need processes whose rollouts differ use it (an
     untrained model ends every episode in its first turn)."""
-    from searchrl.config import TrainerConfig, load_experiment
+    from searchrl.config import TrainerConfig
     from searchrl.engine.trainer import Trainer
     from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.experiment import load_experiment
     from searchrl.runtime import Runtime
 
     out = tmp_path_factory.mktemp("agent_model")

@@ -1,5 +1,8 @@
 """Test doubles shared by several test modules."""
 
+import json
+from http.server import BaseHTTPRequestHandler
+
 from searchrl.rollout.generator import Generation
 from searchrl.rollout.loop import encode
 
@@ -24,3 +27,21 @@ class ScriptedCandidates:
             ids = encode(self.tok, row[j % len(row)])
             out.append(Generation(ids, [-0.5] * len(ids), "stop"))
         return out
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """A scripted stand-in server's handler base: quiet logs, JSON replies and request bodies."""
+
+    def log_message(self, fmt, *args):  # quiet
+        pass
+
+    def reply(self, code, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def read_json(self):
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))

@@ -52,7 +52,8 @@ def test_eval_teacher_writes_results_and_resolved_config(tmp_path, capsys):
     assert "| eval-teacher-test | 60 | 1.000 |" in printed
     metrics = json.loads((out / "eval-teacher-test.json").read_text())
     assert metrics["em"] >= 0.95 and metrics["finish_reasons"] == {"answer": 60}
-    assert (out / "config.yaml").exists() and (out / "world" / "corpus.jsonl").exists()
+    assert (out / "eval-teacher-test.config.yaml").exists() and (out / "world" / "corpus.jsonl").exists()
+    assert not (out / "config.yaml").exists()  # only a run that trains here writes the run's config
 
 
 def test_teacher_command(tmp_path, capsys):

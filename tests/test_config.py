@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.config import Experiment, check_arguments, load_experiment, save_resolved
+from searchrl.config import Experiment, save_resolved
 from searchrl.errors import ConfigError
+from searchrl.experiment import check_arguments, load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,7 +107,8 @@ def test_bad_choice_and_dotted_reward_path(tmp_path):
     exp = load_experiment(None, ["rewards=[{name: 'searchrl.rewards.outcome:f1_reward'}]"])
     assert exp.rewards[0].name.endswith(":f1_reward")
     with pytest.raises(
-        ConfigError, match="cannot import module 'nopkg.x' for 'nopkg.x:y': No module named 'nopkg'"
+        ConfigError,
+        match="cannot import module 'nopkg.x' for 'nopkg.x:y': ModuleNotFoundError: No module named 'nopkg'",
     ):
         load_experiment(None, ["rewards=[{name: 'nopkg.x:y'}]"])
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from searchrl.config import check_arguments, load_experiment
 from searchrl.engine.metrics import read_metrics
+from searchrl.experiment import check_arguments, load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_reward"

@@ -1,6 +1,7 @@
 """Sweeps (names, dry run, resume, a failing run recorded) and reports (table, plots, HTML) end to end."""
 
 import json
+import shutil
 
 import pytest
 
@@ -58,6 +59,16 @@ def test_sweep_runs_resumes_records_failures_and_reports(tmp_path, world_dir, ti
     run_sweep(sw, dry_run=True)
     listing = capsys.readouterr().out
     assert "done  a-seed0" in listing and "todo  broken-seed0" in listing  # finished runs are skipped
+    # a run interrupted after its last checkpoint (killed before its results) continues from it
+    run = sw.dir / "a-seed1"
+    (run / "results.json").unlink()
+    shutil.rmtree(run / "final")
+    status = run_sweep(sw)
+    assert status["a-seed1"]["status"] == "done"
+    assert (
+        "resumed from" in (run / "sweep.log").read_text() and "step-000002" in (run / "sweep.log").read_text()
+    )
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     page = report([sw.dir], tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| a | grpo | 2 | " in md and "| b | grpo | 1 | " in md and " ± " in md

@@ -1,9 +1,14 @@
 """`searchrl train` end to end on the tiny model: warm start, GRPO, evaluation, table and curve; resume."""
 
 import json
+import shutil
 from pathlib import Path
 
+import pytest
+
 from searchrl.cli import main
+from searchrl.engine.checkpoint import has_weights
+from searchrl.engine.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,3 +36,35 @@ def test_train_pipeline_and_resume(tmp_path, world_dir, tiny_model_dir, capsys):
     # a second run with --resume finds both stages finished and only evaluates again
     main([*args, "--resume"])
     assert json.loads((out / "results.json").read_text()) == results
+
+    # a kill mid-export (before exports were atomic) leaves final/ without weights: --resume redoes the export
+    (out / "final" / "model.safetensors").unlink()
+    main([*args, "--resume"])
+    assert has_weights(out / "final") and json.loads((out / "results.json").read_text()) == results
+    # the latest checkpoint incomplete and metrics.jsonl's last line torn: resume from the newest valid one
+    losses = [r["train/loss"] for r in read_metrics(out / "metrics.jsonl")]
+    shutil.rmtree(out / "final")
+    (out / "checkpoints" / "step-000002" / "trainer.json").unlink()
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "train/lo')
+    capsys.readouterr()
+    main([*args, "--resume"])
+    printed = capsys.readouterr().out
+    assert (
+        "step-000002 is incomplete; resuming from the newest valid one" in printed
+        and "step-000001" in printed
+    )
+    assert [r["train/loss"] for r in read_metrics(out / "metrics.jsonl")] == pytest.approx(losses, abs=1e-6)
+    assert has_weights(out / "final")
+    # the run's config.yaml is written once: another config in this directory is refused, naming the keys
+    saved = (out / "config.yaml").read_text()
+    with pytest.raises(SystemExit) as e:
+        main([*args, "eval.limit=5", "--resume"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "trained with another config" in err and "eval.limit: 6 -> 5" in err and "--force" in err
+    assert (out / "config.yaml").read_text() == saved
+    # `searchrl eval` on the run writes its config beside its results, never over the run's
+    main(["eval", args[1], *args[2:], "eval.limit=3"])
+    assert (out / "config.yaml").read_text() == saved
+    assert "limit: 3" in (out / "eval-policy-test.config.yaml").read_text()

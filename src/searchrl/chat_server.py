@@ -1,52 +1,81 @@
 """`searchrl serve-model`: an OpenAI-compatible ``/v1/chat/completions`` server for a local model, so any
-client of that protocol (our LLM judge and summarizer included) can use it, on a CPU or a GPU. For GPU
-judges, `vllm serve` is the faster server of the same protocol.
+client of that protocol (our LLM judge and summarizer included) can use it.
+
+A convenience for local CPU models and small tests: requests arriving together with the same
+``max_tokens`` and ``temperature`` are generated as one batch, ``max_tokens`` is capped (``max_tokens``
+of the server, and the model's context), and a request that waits longer than ``timeout`` gets a 504.
+For judges on GPUs, `vllm serve MODEL` speaks the same protocol with continuous batching.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import ThreadingHTTPServer
+from typing import Any
 
 from searchrl.rollout.chat import LocalChat
-from searchrl.serving import JSONHandler
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
-class _ChatHandler(JSONHandler):
-    chat: LocalChat
-    name: str
-    lock: threading.Lock
+def _error(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error"}}
 
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-            self.reply(
-                404, {"error": {"message": f"unknown path {self.path}; use POST /v1/chat/completions"}}
-            )
-            return
-        try:
-            req = self.read_json()
-            messages = req["messages"]
-            if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and "content" in m for m in messages
-            ):
-                raise ValueError("'messages' must be a list of {role, content} objects")
-            max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 256)
-            temperature = float(req.get("temperature", 0.0))
-        except (ValueError, KeyError, TypeError) as exc:
-            self.reply(400, {"error": {"message": f"bad request: {exc}"}})
-            return
-        with self.lock:  # one generation at a time on this model
-            [(text, finish)] = self.chat.complete([messages], max_tokens, temperature)
-        self.reply(200, {
+
+def make_chat_app(chat: LocalChat, name: str = "local", max_tokens: int = 1024, timeout: float = 300.0,
+                  max_body_bytes: int = 4 * 2**20) -> Any:  # fmt: skip
+    """The ASGI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``."""
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from searchrl.asgi import BadRequest, Batcher, integer, json_app, read_json, with_timeout
+
+    cap = max(1, min(max_tokens, chat.max_context - 1))
+    batcher = Batcher(lambda key, convs: chat.complete(convs, key[0], key[1]), max_items=16)
+
+    async def completions(request: Any) -> Any:
+        req = await read_json(request)
+        messages = req.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise BadRequest(
+                    f"messages[{i}] must be {{role: one of {', '.join(ROLES)}, content: string}}"
+                )
+        wanted = req.get("max_tokens", req.get("max_completion_tokens"))
+        n_tokens = cap if wanted is None else min(integer(wanted, "max_tokens", 1, 10**9), cap)
+        temperature = req.get("temperature", 0.0)
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or not 0 <= temperature <= 2
+        ):
+            raise BadRequest(f"'temperature' must be a number from 0 to 2, got {temperature!r}")
+        text, finish = await with_timeout(batcher.submit((n_tokens, float(temperature)), messages), timeout)
+        return JSONResponse({
             "id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
-            "model": req.get("model", self.name),
+            "model": req.get("model", name),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
         })  # fmt: skip
 
+    async def models(request: Any) -> Any:
+        return JSONResponse(
+            {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "searchrl"}]}
+        )
 
-def make_chat_server(chat: LocalChat, name: str = "local", host: str = "127.0.0.1", port: int = 8001
-                     ) -> ThreadingHTTPServer:  # fmt: skip
-    """An OpenAI-compatible chat server for a local model (not started). Port 0 picks a free port."""
-    handler = type("Handler", (_ChatHandler,), {"chat": chat, "name": name, "lock": threading.Lock()})
-    return ThreadingHTTPServer((host, port), handler)
+    async def health(request: Any) -> Any:
+        return JSONResponse(
+            {"status": "ok", "model": name, "max_tokens": cap, "batched_calls": batcher.calls}
+        )
+
+    routes = [Route(p, completions, methods=["POST"]) for p in ("/v1/chat/completions", "/chat/completions")]
+    routes += [Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"])]
+    return json_app(routes, max_body_bytes, _error)
+
+
+def make_chat_server(chat: LocalChat, name: str = "local", host: str = "127.0.0.1", port: int = 8001,
+                     **limits: Any) -> Any:  # fmt: skip
+    """An OpenAI-compatible chat server (`searchrl.asgi.Served`, not started); port 0 picks a free port."""
+    from searchrl.asgi import Served
+
+    return Served(make_chat_app(chat, name, **limits), host, port)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socketserver
 import sys
 import time
 from pathlib import Path
@@ -20,15 +19,12 @@ def _overrides(p: argparse.ArgumentParser) -> None:
 def cmd_world(args: argparse.Namespace) -> None:
     from searchrl.config import from_dict
     from searchrl.envs.synthetic.world import World, WorldConfig
+    from searchrl.loader import parse_assignment
 
     raw: dict = {"seed": args.seed}
     for item in args.overrides:
-        k, eq, v = item.partition("=")
-        if not eq:
-            raise SearchRLError(f"world override must be key=value, got {item!r}")
-        import yaml
-
-        raw[k.removeprefix("world.")] = yaml.safe_load(v)
+        k, v = parse_assignment(item, "a world setting", "persons=200")
+        raw[k.removeprefix("world.")] = v
     cfg = from_dict(WorldConfig, raw, source="command line", key="world")
     t = time.perf_counter()
     world = World.generate(cfg)
@@ -39,7 +35,7 @@ def cmd_world(args: argparse.Namespace) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
-    from searchrl.config import check_arguments, load_experiment
+    from searchrl.experiment import check_arguments, load_experiment
 
     failed = 0
     for f in args.files:
@@ -55,8 +51,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
 
 
 def cmd_build_model(args: argparse.Namespace) -> None:
-    from searchrl.config import load_experiment
     from searchrl.envs.tags import ALL_TAG_STRINGS
+    from searchrl.experiment import load_experiment
     from searchrl.models.tiny import SIZES, build_local_model
     from searchrl.runtime import Runtime, tokenizer_texts
 
@@ -92,9 +88,10 @@ def cmd_index(args: argparse.Namespace) -> None:
     cls = RETRIEVERS.get(args.retriever)
     if not hasattr(cls, "save"):
         raise SearchRLError(f"retriever '{args.retriever}' has no index to build; valid: bm25, dense")
+    kwargs = _retriever_kwargs(args.retriever, args.arg)
     t = time.perf_counter()
     docs = load_corpus(args.corpus)
-    cls(docs, **_kv(args.arg)).save(args.out)
+    cls(docs, **kwargs).save(args.out)
     print(
         f"{args.retriever} index of {len(docs)} documents written to {args.out} in {time.perf_counter() - t:.1f}s"
     )
@@ -106,35 +103,57 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     if args.corpus is None and args.index is None:
         raise SearchRLError("serve-retriever needs --corpus FILE or --index DIR")
-    retriever = build_retriever(args.retriever, corpus=args.corpus, index=args.index, **_kv(args.arg))
-    server = make_server(retriever, args.host, args.port)
-    host, port = str(server.server_address[0]), server.server_address[1]
-    _serve(server, f"serving {args.retriever} on http://{host}:{port}/retrieve (Ctrl-C to stop)")
+    _check_port(args.port)
+    retriever = build_retriever(args.retriever, corpus=args.corpus, index=args.index,
+                                **_retriever_kwargs(args.retriever, args.arg))  # fmt: skip
+    server = make_server(retriever, args.host, args.port, max_queries=args.max_queries, max_topk=args.max_topk,
+                         timeout=args.timeout)  # fmt: skip
+    _serve(server, f"serving {args.retriever} on {server.url}/retrieve (Ctrl-C to stop)")
 
 
 def cmd_serve_model(args: argparse.Namespace) -> None:
     from searchrl.chat_server import make_chat_server
     from searchrl.rollout.chat import LocalChat
 
-    server = make_chat_server(
-        LocalChat.load(args.model), args.name or Path(args.model).name, args.host, args.port
-    )
-    host, port = str(server.server_address[0]), server.server_address[1]
-    _serve(server, f"serving {args.model} on http://{host}:{port}/v1/chat/completions (Ctrl-C to stop)")
+    _check_port(args.port)
+    _check_model_dir(args.model)
+    chat = LocalChat.load(args.model)
+    server = make_chat_server(chat, args.name or Path(args.model).name, args.host, args.port,
+                              max_tokens=args.max_tokens, timeout=args.timeout)  # fmt: skip
+    _serve(server, f"serving {args.model} on {server.url}/v1/chat/completions (Ctrl-C to stop)")
 
 
-def _serve(server: socketserver.BaseServer, banner: str) -> None:
+def _check_port(port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise SearchRLError(f"--port {port}: a port is a number from 0 to 65535 (0 picks a free one)")
+
+
+def _check_model_dir(path: str | Path) -> None:
+    p = Path(path)
+    if not p.is_dir() or not ((p / "config.json").exists() or (p / "adapter_config.json").exists()):
+        why = "does not exist" if not p.exists() else "is not a model directory (no config.json)"
+        raise SearchRLError(f"--model {p}: {why}; pass a local Hugging Face model directory")
+
+
+def _retriever_kwargs(name: str, items: list[str]) -> dict[str, Any]:
+    from searchrl.envs.retrievers import retriever_arguments
+
+    kwargs, known = _kv(items), retriever_arguments(name)
+    for k in kwargs:
+        if known is not None and k not in known:
+            raise SearchRLError(
+                f"--arg {k}: retriever '{name}' has no argument '{k}'; valid: {', '.join(known)}"
+            )
+    return kwargs
+
+
+def _serve(server: Any, banner: str) -> None:
     print(banner, flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    server.run()  # uvicorn stops cleanly on Ctrl-C
 
 
 def cmd_collect(args: argparse.Namespace) -> None:
-    from searchrl.config import check_arguments, load_experiment
+    from searchrl.experiment import check_arguments, load_experiment
     from searchrl.process_data import run
 
     exp = load_experiment(args.config, args.overrides)
@@ -162,9 +181,9 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_teacher(args: argparse.Namespace) -> None:
-    from searchrl.config import load_experiment
     from searchrl.data.example import write_jsonl
     from searchrl.envs.synthetic.teacher import teacher_records
+    from searchrl.experiment import load_experiment
     from searchrl.runtime import Runtime
 
     exp = load_experiment(args.config, args.overrides)
@@ -192,8 +211,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> dict[str, dict[str, Any]]:
-    from searchrl.config import load_experiment, save_resolved
+    from searchrl.config import save_resolved
     from searchrl.eval import episode_metrics, write_results
+    from searchrl.experiment import load_experiment
     from searchrl.runtime import Runtime
 
     if args.agent:
@@ -201,7 +221,6 @@ def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> d
     if args.split:
         overrides.append(f"eval.split={args.split}")
     exp = load_experiment(args.config, overrides)
-    save_resolved(exp, exp.out)
     rt = Runtime(exp)
     examples = rt.examples(exp.eval.split)[: exp.eval.limit]
     label = f"{dataset or exp.eval.split}"
@@ -209,12 +228,15 @@ def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> d
     if exp.eval.agent == "policy":
         from contextlib import nullcontext
 
+        from searchrl.engine.checkpoint import has_weights
         from searchrl.eval import run_policy
         from searchrl.models.load import load_model_and_tokenizer
         from searchrl.runtime import local_model_dir
 
         trained = exp.out / "final"
-        path = args.model or (trained if (trained / "config.json").exists() else local_model_dir(rt))
+        if args.model:
+            _check_model_dir(args.model)
+        path = args.model or (trained if has_weights(trained) else local_model_dir(rt))
         print(f"evaluating the policy in {path} on {label}")
         model, tokenizer = load_model_and_tokenizer(path, exp.model.dtype)
         states = run_policy(lambda: nullcontext(model), tokenizer, rt.env(), examples, exp.eval.temperature,
@@ -235,40 +257,42 @@ def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> d
         for n in exp.eval.best_of:
             print(f"policy {policy} guided by the PRM in {prm}, best of {n}, on {label}")
             rows[f"prm-best-of-{n}-{label}"] = evaluate_best_of_n(rt, Path(policy), Path(prm), n)
+            save_resolved(exp, exp.out / "eval", f"prm-best-of-{n}-{exp.eval.split}.config.yaml")
         return rows
+    from searchrl.serving import check_failure_rates, failure_summary, service_metrics
+
+    for line in failure_summary():
+        print(line)
+    check_failure_rates(service_metrics())  # a failing summarizer endpoint makes the numbers meaningless
     metrics = episode_metrics(states)
     metrics["seconds"] = time.perf_counter() - t
     design = "" if exp.env.agent == "react" else f"-{exp.env.agent}"
     name = f"eval-{exp.eval.agent}{design}-{label}"
     js, _ = write_results(exp.out, name, metrics)
+    save_resolved(exp, exp.out, f"{name}.config.yaml")  # the run's own config.yaml is never rewritten
     print(json.dumps({k: metrics[k] for k in ("em_by_hops", "finish_reasons")}))
     print(f"results written to {js}")
     return {name: metrics}
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from searchrl.config import check_arguments, load_experiment
+    from searchrl.experiment import check_arguments, load_experiment
     from searchrl.train import train
 
     exp = load_experiment(args.config, args.overrides)
     check_arguments(exp, args.config)
-    train(exp, resume=args.resume)
+    train(exp, resume=args.resume, force=args.force)
 
 
 def _kv(items: list[str]) -> dict:
-    import yaml
+    from searchrl.loader import parse_assignment
 
-    out = {}
-    for item in items or []:
-        k, eq, v = item.partition("=")
-        if not eq:
-            raise SearchRLError(f"--arg must be key=value, got {item!r}")
-        out[k] = yaml.safe_load(v)
-    return out
+    return dict(parse_assignment(item, "--arg", "key=value") for item in items or [])
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="searchrl", description=__doc__)
+    p.add_argument("--debug", action="store_true", help="show the traceback of a user error")
     sub = p.add_subparsers(dest="command", required=True)
 
     w = sub.add_parser("world", help="generate a synthetic multi-hop world (corpus + questions)")
@@ -280,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train an experiment (warm start, algorithm, evaluation)")
     tr.add_argument("config")
     tr.add_argument("--resume", action="store_true", help="continue from the last checkpoint of each stage")
+    tr.add_argument("--force", action="store_true",
+                    help="start over in a run directory trained with another config (deletes its results)")  # fmt: skip
     _overrides(tr)
     tr.set_defaults(fn=cmd_train)
 
@@ -319,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--max-queries", type=int, default=1024, help="queries per request, at most")
+    s.add_argument("--max-topk", type=int, default=100, help="documents per query, at most")
+    s.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (then HTTP 504)")
     s.set_defaults(fn=cmd_serve)
 
     m = sub.add_parser("serve-model", help="serve a local model over the OpenAI chat-completions protocol")
@@ -328,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--host", default="127.0.0.1")
     m.add_argument("--port", type=int, default=8001)
+    m.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens")
+    m.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (then HTTP 504)")
     m.set_defaults(fn=cmd_serve_model)
 
     c = sub.add_parser("collect-process-data", help="RAG-Gym step-level preference data from a policy")
@@ -389,8 +420,12 @@ def main(argv: list[str] | None = None) -> None:
         args.overrides = [*args.overrides, *extra]
     try:
         args.fn(args)
-    except (SearchRLError, FileNotFoundError) as exc:
+    except (SearchRLError, OSError) as exc:  # a user's error (config, data, arguments, files, ports)
+        if args.debug:
+            raise
         print(f"error: {exc}", file=sys.stderr)
+        if not isinstance(exc, SearchRLError):
+            print("(run with --debug for the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 
 

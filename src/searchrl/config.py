@@ -1,10 +1,9 @@
-"""Experiment files -> frozen dataclasses, with errors a user can act on.
+"""The experiment schema: frozen dataclasses for every section, and the conversion of a mapping into them
+with errors a user can act on (the file or command line, the dotted key, the bad value, the valid choices).
 
-``load_experiment(path, overrides)`` reads YAML, follows ``base:`` includes (paths relative to the
-including file; later files and overrides win; mappings merge, lists replace), applies ``a.b=c``
-overrides, converts everything into the typed sections below and checks registry names before anything
-heavy is imported. Every error names the file (or the command line), the dotted key, the bad value and
-the valid choices, with a close-match suggestion for typos.
+It sits at the bottom of the package and imports none of the registries: fields that name a registered
+object are recorded in the conversion's context and checked by `searchrl.experiment.load_experiment`,
+which also reads the files (`searchrl.loader`: ``base:`` includes, ``a.b=c`` overrides).
 """
 
 from __future__ import annotations
@@ -21,12 +20,64 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from searchrl.envs.synthetic.teacher import TeacherConfig
-from searchrl.envs.synthetic.world import WorldConfig
-from searchrl.errors import ConfigError, RegistryError
-from searchrl.registry import Registry
+from searchrl.errors import ConfigError, DataError
 
 # ---------------------------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """Size and difficulty of a synthetic world. Defaults generate in about a second."""
+
+    seed: int = 0
+    persons: int = 360
+    cities: int = 120
+    countries: int = 12
+    films: int = 160
+    companies: int = 100
+    universities: int = 40
+    bands: int = 80
+    split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # train, dev, test entities
+    questions: tuple[int, int, int] = (4000, 200, 500)  # train, dev, test
+    hop_weights: tuple[float, ...] = (0.25, 0.35, 0.25, 0.15)  # P(1 hop), ..., P(4 hops)
+    distractors_per_doc: int = 2  # sentences that name other entities in unrelated roles
+    inverse_mentions: int = (
+        3  # object documents list up to this many subjects ("People born in X include ...")
+    )
+    name_pool_factor: float = 3.0  # names invented per entity: the extra ones are used for renaming
+
+    def count(self, kind: str) -> int:
+        return {
+            "person": self.persons,
+            "city": self.cities,
+            "country": self.countries,
+            "film": self.films,
+            "company": self.companies,
+            "university": self.universities,
+            "band": self.bands,
+        }[kind]
+
+    def __post_init__(self) -> None:
+        if len(self.hop_weights) == 0 or len(self.hop_weights) > 4 or min(self.hop_weights) < 0:
+            raise DataError(f"hop_weights must give 1-4 non-negative weights, got {self.hop_weights}")
+        if abs(sum(self.split_fractions) - 1.0) > 1e-6 or len(self.split_fractions) != 3:
+            raise DataError(f"split_fractions must be 3 numbers summing to 1, got {self.split_fractions}")
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    noisy: bool = False
+    p_repeat: float = 0.15  # after a successful search, repeat the same query once
+    p_early: float = 0.10  # after a hop (not the last), answer with the current sub-answer
+    p_vague: float = 0.15  # before a hop's proper query, issue one without its entity
+    rename_prob: float = 0.0  # share of trajectories whose entity names are renamed
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("p_repeat", "p_early", "p_vague", "rename_prob"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise DataError(f"teacher.{name} must be in [0, 1], got {v}")
 
 
 @dataclass(frozen=True)
@@ -152,7 +203,7 @@ class TrainerConfig:
     save_every: int = 50  # steps between checkpoints (and at the end)
     keep_checkpoints: int = 2
     eval_every: int = 0  # steps between evaluations on `eval_split` (0: only at the end)
-    eval_split: str = "dev"
+    eval_split: Literal["train", "dev", "test"] = "dev"
     eval_limit: int | None = 200
     log_entropy: bool = True
     # log-probs from the final hidden states, the output layer applied only at action tokens and in chunks:
@@ -185,7 +236,7 @@ class WarmStartConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    split: str = "test"
+    split: Literal["train", "dev", "test"] = "test"
     limit: int | None = None
     agent: Literal["policy", "teacher", "prm"] = "policy"  # greedy policy, scripted oracle, PRM best-of-N
     temperature: float = 0.0  # 0: greedy
@@ -204,7 +255,7 @@ class ProcessDataConfig:
     annotator_args: dict[str, Any] = field(default_factory=dict)
     chosen_min: float = 1.0  # candidates scoring at least this are "chosen" …
     rejected_max: float = -1.0  # … at most this "rejected"; every chosen x rejected pair of a step is kept
-    split: str = "train"
+    split: Literal["train", "dev", "test"] = "train"
     limit: int | None = None
     temperature: float = 1.0
 
@@ -271,35 +322,17 @@ class Experiment:
         return Path(self.output_dir.format(name=self.name))
 
 
-# ---------------------------------------------------------------------------------------------- registries
-
-
-def _registries() -> dict[str, Registry[Any]]:
-    from searchrl.algorithms import ALGORITHMS
-    from searchrl.envs.retrievers.base import RETRIEVERS
-    from searchrl.envs.summarize import SUMMARIZERS
-    from searchrl.rewards import REWARDS
-    from searchrl.rewards.judges import ANNOTATORS, JUDGES
-    from searchrl.rollout.generator import GENERATORS
-
-    return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS, "generators": GENERATORS,
-            "judges": JUDGES, "annotators": ANNOTATORS, "summarizers": SUMMARIZERS}  # fmt: skip
-
-
-def _choices(name: str) -> list[str]:
-    from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES
-
-    return {"tagsets": list(TAGSETS), "templates": [*TEMPLATES, *CHAT_TEMPLATES]}[name]
-
-
 # ---------------------------------------------------------------------------------------------- loading
 
 
-class _Ctx:
+class Ctx:
     """Tracks which file (or override) set each dotted key, so errors point at the right place."""
 
     def __init__(self) -> None:
         self.source: dict[str, str] = {}
+        # (dotted key, registry or choice-list name, value): names the schema cannot check, because the
+        # registries sit above it; `searchrl.experiment` checks them
+        self.names: list[tuple[str, str, Any]] = []
 
     def record(self, data: Any, origin: str, prefix: str = "") -> None:
         if isinstance(data, dict):
@@ -320,143 +353,12 @@ class _Ctx:
         return ConfigError(problem, file=self.where(key), key=key or None, **kw)
 
 
-def _read_yaml(path: Path, ctx: _Ctx, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError("config file not found", file=str(path))
-    if path.resolve() in seen:
-        raise ConfigError("circular 'base:' include", file=str(path), value=[str(p) for p in seen])
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", file=str(path)) from exc
-    if not isinstance(data, dict):
-        raise ConfigError(
-            "the top level must be a mapping of sections", file=str(path), value=type(data).__name__
-        )
-    bases = data.pop("base", None) or []
-    merged: dict[str, Any] = {}
-    for base in [bases] if isinstance(bases, str) else bases:
-        base_path = (path.parent / base).resolve()
-        if not base_path.exists():
-            raise ConfigError("base config not found", file=str(path), key="base", value=str(base))
-        merged = _merge(merged, _read_yaml(base_path, ctx, (*seen, path.resolve())))
-    ctx.record(data, str(path))
-    return _merge(merged, data)
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """``b`` over ``a``, recursively. A mapping that names a different ``name`` (another algorithm, reward
-    or retriever) replaces the old one instead of inheriting arguments that belong to it."""
-    out = dict(a)
-    for k, v in b.items():
-        old = out.get(k)
-        same = (
-            isinstance(v, dict)
-            and isinstance(old, dict)
-            and v.get("name", old.get("name")) == old.get("name")
-        )
-        out[k] = _merge(old, v) if same else v  # type: ignore[arg-type]
-    return out
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: _Ctx) -> dict[str, Any]:
-    """``a.b=c`` sets data['a']['b'] to YAML-parsed ``c``; a mapping ``c`` merges into an existing section
-    (``trainer={steps: 2}`` keeps the file's other trainer keys; a different ``name`` replaces it)."""
-    data = _merge({}, data)
-    for item in overrides:
-        key, eq, raw = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise ConfigError(
-                "an override must look like 'section.key=value'", file="command line", value=item
-            )
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"value is not valid YAML: {exc}", file="command line", key=key, value=raw
-            ) from exc
-        node = data
-        parts = key.split(".")
-        for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
-                node[p] = {}
-            node = node[p]
-        old = node.get(parts[-1])  # a mapping merges into the section, as a file's `base:` does
-        node[parts[-1]] = _merge({"_": old}, {"_": value})["_"] if isinstance(old, dict) else value
-        ctx.source[key] = f"command line override '{item}'"
-    return data
-
-
-def load_experiment(path: str | Path | None = None, overrides: list[str] | None = None) -> Experiment:
-    ctx = _Ctx()
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = _read_yaml(Path(path), ctx)
-        ctx.source[""] = str(path)
-    data = apply_overrides(data, list(overrides or []), ctx)
-    return convert(Experiment, data, ctx, "")
-
-
-def check_arguments(exp: Experiment, source: str = "<config>", training: bool = True) -> None:
-    """Deeper checks that import the named objects: algorithm arguments against the algorithm's
-    ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
-    file will train its algorithm) that the algorithm can train the agent design."""
-    import inspect
-
-    from searchrl.algorithms import ALGORITHMS
-    from searchrl.envs.search import AGENTS, RERENDERED_AGENTS
-    from searchrl.rewards import REWARDS
-    from searchrl.rewards.registry import PROVIDED, reward_kind
-
-    if exp.algorithm is not None:
-        algo = ALGORITHMS.get(exp.algorithm.name)
-        if training and getattr(algo, "online", False) and exp.env.agent in RERENDERED_AGENTS:
-            raise ConfigError(
-                f"agent '{exp.env.agent}' re-renders its state at every step, so an episode is not one token "
-                f"sequence; the online algorithm '{exp.algorithm.name}' trains on such sequences",
-                file=source, key="env.agent", value=exp.env.agent,
-                choices=[a for a in AGENTS if a not in RERENDERED_AGENTS],
-                hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)")  # fmt: skip
-        config_cls = getattr(algo, "Config", None)
-        if config_cls is not None:
-            from_dict(config_cls, exp.algorithm.args, source, "algorithm")
-        elif exp.algorithm.args:
-            raise ConfigError(
-                "this algorithm takes no arguments", file=source, key="algorithm", value=exp.algorithm.args
-            )
-        if getattr(algo, "needs_process_reward", False) and not any(
-            reward_kind(s.name) == "process" for s in exp.rewards
-        ):
-            raise ConfigError(
-                f"algorithm '{exp.algorithm.name}' places per-step rewards, but no configured reward is a "
-                "process reward", file=source, key="rewards", value=[s.name for s in exp.rewards],
-                choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
-                hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only")  # fmt: skip
-    if exp.env.summarizer is not None:
-        from searchrl.envs.summarize import SUMMARIZERS
-
-        params = inspect.signature(SUMMARIZERS.get(exp.env.summarizer.name)).parameters
-        for arg in exp.env.summarizer.args:
-            if arg not in params:
-                raise ConfigError(f"summarizer '{exp.env.summarizer.name}' has no argument '{arg}'", file=source,
-                                  key=f"env.summarizer.args.{arg}", value=arg, choices=list(params))  # fmt: skip
-    for i, spec in enumerate(exp.rewards):
-        params = inspect.signature(REWARDS.get(spec.name)).parameters
-        allowed = [
-            n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in PROVIDED
-        ]
-        named_only = not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        for arg in spec.args:
-            if arg in PROVIDED or (arg not in allowed and named_only):
-                raise ConfigError(f"reward '{spec.name}' has no argument '{arg}'", file=source,
-                                  key=f"rewards[{i}].args.{arg}", value=arg, choices=allowed)  # fmt: skip
-
-
-def from_dict(cls: type, data: dict[str, Any], source: str = "<config>", key: str = "") -> Any:
-    """Convert a mapping into dataclass ``cls`` with the same checks as experiment files."""
-    ctx = _Ctx()
-    ctx.source[""] = source
+def from_dict(cls: type, data: dict[str, Any], source: str = "<config>", key: str = "", ctx: Ctx | None = None
+              ) -> Any:  # fmt: skip
+    """Convert a mapping into dataclass ``cls`` with the schema's checks (types, ranges, choices); registry
+    names are left in ``ctx.names`` (`searchrl.experiment.from_dict_checked` checks them too)."""
+    ctx = ctx if ctx is not None else Ctx()
+    ctx.source.setdefault("", source)
     return convert(cls, data, ctx, key)
 
 
@@ -474,7 +376,7 @@ _SCALARS: dict[type, tuple[Any, str]] = {
 _EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-def convert(tp: Any, value: Any, ctx: _Ctx, key: str) -> Any:
+def convert(tp: Any, value: Any, ctx: Ctx, key: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
@@ -523,7 +425,7 @@ def convert(tp: Any, value: Any, ctx: _Ctx, key: str) -> Any:
     raise TypeError(f"config type {tp!r} at '{key}' is not supported")  # a bug in a section definition
 
 
-def _convert_dataclass(cls: Any, value: Any, ctx: _Ctx, key: str) -> Any:
+def _convert_dataclass(cls: Any, value: Any, ctx: Ctx, key: str) -> Any:
     if isinstance(value, cls):
         return value
     if value is None:
@@ -554,7 +456,7 @@ def _convert_dataclass(cls: Any, value: Any, ctx: _Ctx, key: str) -> Any:
     return obj
 
 
-def _check_range(section: str, name: str, value: Any, ctx: _Ctx, key: str) -> None:
+def _check_range(section: str, name: str, value: Any, ctx: Ctx, key: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ctx.error(key, "expected a finite number", value=value)
     check = RANGES.get(section, {}).get(name)
@@ -562,21 +464,12 @@ def _check_range(section: str, name: str, value: Any, ctx: _Ctx, key: str) -> No
         raise ctx.error(key, f"must be {check[1]}", value=value)
 
 
-def _check_names(f: dataclasses.Field, value: Any, ctx: _Ctx, key: str) -> None:
+def _check_names(f: dataclasses.Field, value: Any, ctx: Ctx, key: str) -> None:
     if value is None:
         return
-    if "registry" in f.metadata:
-        reg = _registries()[f.metadata["registry"]]
-        try:
-            reg.check(value)
-        except RegistryError as exc:
-            if isinstance(value, str) and ":" in value:
-                raise ctx.error(key, str(exc), value=value) from exc
-            raise ctx.error(key, f"unknown {reg.kind} name", value=value, choices=reg.names()) from exc
-    if "choices" in f.metadata:
-        choices = _choices(f.metadata["choices"])
-        if value not in choices:
-            raise ctx.error(key, "invalid value", value=value, choices=choices)
+    for kind in ("registry", "choices"):
+        if kind in f.metadata:
+            ctx.names.append((key, f.metadata[kind], value))
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -595,10 +488,10 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def save_resolved(exp: Experiment, out_dir: str | Path) -> Path:
-    """Write the fully resolved config beside a run's outputs."""
+def save_resolved(exp: Experiment, out_dir: str | Path, filename: str = "config.yaml") -> Path:
+    """Write the fully resolved config beside a run's (or an evaluation's) outputs."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "config.yaml"
+    path = out / filename
     path.write_text(yaml.safe_dump(to_dict(exp), sort_keys=False), encoding="utf-8")
     return path

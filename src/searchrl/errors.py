@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 
 
 def close_match(value: object, choices: Iterable[str]) -> str | None:
@@ -45,6 +46,25 @@ class ConfigError(SearchRLError, ValueError):
         if hint:
             parts.append(f"  hint: {hint}")
         super().__init__("\n".join(parts))
+
+
+class DataError(SearchRLError, ValueError):
+    """Bad input data or a bad argument: names the file (and row) or the argument and what would be valid."""
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """A UTF-8 text file, or a `DataError` naming it (missing, a directory, not UTF-8)."""
+    p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{p}: is a directory, not a {what}")
+    if not p.exists():
+        raise DataError(f"{p}: {what} not found")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the {what} as UTF-8"
+        ) from None
 
 
 class RegistryError(SearchRLError, KeyError):

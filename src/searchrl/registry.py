@@ -24,8 +24,10 @@ def import_path(path: str) -> Any:
         raise RegistryError(f"'{path}' is not a dotted path of the form 'package.module:attr'")
     try:
         obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise RegistryError(f"cannot import module '{module_name}' for '{path}': {exc}") from exc
+    except Exception as exc:  # ImportError, or the module's own error (a SyntaxError in a user's reward file)
+        raise RegistryError(
+            f"cannot import module '{module_name}' for '{path}': {type(exc).__name__}: {exc}"
+        ) from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise RegistryError(f"module '{module_name}' has no attribute '{attr}' (from '{path}')")

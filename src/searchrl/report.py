@@ -45,7 +45,9 @@ def variant_of(run: str) -> str:
 
 
 def load_rows(run: Path) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from searchrl.engine.metrics import read_metrics
+
+    rows = read_metrics(run / "metrics.jsonl")
     tokens = 0.0
     for r in rows:
         tokens += r.get("rollout/tokens_generated", 0.0)

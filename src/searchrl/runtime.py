@@ -146,6 +146,7 @@ def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -
 
 def local_model_dir(rt: Runtime) -> Path:
     """Build (once) the local model of `model.size` for this experiment's world, and return its path."""
+    from searchrl.engine.checkpoint import has_weights
     from searchrl.models.tiny import build_local_model
 
     m = rt.exp.model
@@ -154,7 +155,7 @@ def local_model_dir(rt: Runtime) -> Path:
     if rt.world is None:
         raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
     out = rt.world_dir / (f"model-{m.size}" if m.tokenizer == "local" else f"model-{m.size}-{m.tokenizer}")
-    if not (out / "config.json").exists():
+    if not has_weights(out):
         texts = tokenizer_texts(rt.world, rt.env()) if m.tokenizer == "local" else []
         build_local_model(m.size, texts, out, seed=rt.exp.seed, tokenizer=m.tokenizer, tags=ALL_TAG_STRINGS)
     return out

@@ -13,7 +13,8 @@ A sweep file::
     overrides: [warm_start.checkpoint=runs/quickstart/sft/final]   # applied to every run
 
 Run names are stable and readable: ``<variant>-<key><value>-…`` (``ppo-seed1``). A run whose
-``results.json`` exists is skipped, so a crashed sweep resumes where it stopped; a failing run is recorded
+``results.json`` exists is skipped and an interrupted one continues from its last checkpoint, so a
+crashed sweep resumes where it stopped; a failing run is recorded
 in ``sweep.json`` (with its log) and the others go on. ``--jobs N`` runs N at once; ``--launch-config``
 starts every run through ``accelerate launch --config_file …`` (multi-GPU sweeps).
 """
@@ -46,8 +47,9 @@ class Run:
     out: Path
 
     def command(self, launch_config: str | None = None) -> list[str]:
-        args = ["-m", "searchrl", "train", str(self.config), f"name={self.name}", f"output_dir={self.out}",
-                *self.overrides]  # fmt: skip
+        # --resume: a run interrupted mid-way (a killed sweep) continues from its last checkpoint
+        args = ["-m", "searchrl", "train", str(self.config), "--resume", f"name={self.name}",
+                f"output_dir={self.out}", *self.overrides]  # fmt: skip
         if launch_config:
             accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
             return [accelerate, "launch", "--config_file", launch_config, *args]
@@ -124,7 +126,7 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
 
 def check(sweep: Sweep) -> None:
     """Every run's experiment loads and validates before anything starts."""
-    from searchrl.config import check_arguments, load_experiment
+    from searchrl.experiment import check_arguments, load_experiment
 
     for r in sweep.runs:
         check_arguments(load_experiment(r.config, list(r.overrides)), f"{r.config} (run {r.name})")
@@ -151,7 +153,7 @@ def run_sweep(
         r.out.mkdir(parents=True, exist_ok=True)
         log = r.out / "sweep.log"
         t = time.perf_counter()
-        with log.open("w") as fh:
+        with log.open("a") as fh:  # an interrupted run's earlier log is kept
             rc = subprocess.run(r.command(launch_config), stdout=fh, stderr=subprocess.STDOUT).returncode
         ok = rc == 0 and r.done
         print(f"{'finished' if ok else 'FAILED  '} {r.name} ({time.perf_counter() - t:.0f} s){'' if ok else f', see {log}'}",

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from searchrl.config import Experiment, save_resolved
+from searchrl.config import Experiment
 from searchrl.data.example import read_jsonl, write_jsonl
 from searchrl.errors import ConfigError
 from searchrl.runtime import Runtime, local_model_dir
@@ -117,10 +117,16 @@ def evaluate_best_of_n(
 
 def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, trainer_cfg: Any, out: Path,
               records: list[dict[str, Any]] | None, resume: bool) -> Path:  # fmt: skip
+    from searchrl.engine.checkpoint import has_weights
     from searchrl.engine.trainer import Trainer
 
-    if (out / "final" / "config.json").exists() or (out / "final" / "adapter_config.json").exists():
-        return out / "final"  # this stage finished in an earlier run
+    if has_weights(out / "final"):
+        return out / "final"  # this stage finished in an earlier run (the export is atomic)
+    if (out / "final").exists():  # an export interrupted by an older version: redo it from the checkpoints
+        from accelerate import PartialState
+
+        PartialState().print(f"{out / 'final'} has no weights (an interrupted export); it is redone"
+              + (" from the last checkpoint" if resume else ": pass --resume to redo only the export"))  # fmt: skip
     trainer = Trainer(algorithm=algorithm, algorithm_args=args, model_path=model.resolve(), cfg=trainer_cfg, out_dir=out,
                       runtime=rt, records=records, resume=resume, seed=rt.exp.seed)  # fmt: skip
     evaluator = (
@@ -129,8 +135,10 @@ def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, tr
     return trainer.run(evaluator)
 
 
-def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
+def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[str, Any]:
+    """``force``: start over in a run directory trained with another config (its results are deleted)."""
     from searchrl.engine.engine import distributed_state, wait_for_main
+    from searchrl.rundir import check_run_dir, claim_run_dir
 
     state = distributed_state(exp.distributed.timeout)
     if exp.algorithm is None:
@@ -155,8 +163,9 @@ def train(exp: Experiment, resume: bool = False) -> dict[str, Any]:
     warm = ws is not None and not teacher_main
     needs_records = teacher_main or (warm and ws is not None and ws.checkpoint is None)
     records = None
+    check_run_dir(exp, force)  # every process reads it: they refuse together
     if state.is_main_process:  # build the world, the local model and the teacher data once
-        save_resolved(exp, out)
+        claim_run_dir(exp, force)
         local_model_dir(rt)
         if needs_records:
             records = teacher_sft_records(rt, passes)

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from searchrl.data import Example, keys_from_subquestion, load_corpus, load_examples
+from searchrl.errors import DataError
 
 
 def test_corpus_formats(fixtures):
@@ -17,7 +18,7 @@ def test_corpus_formats(fixtures):
 
 
 def test_corpus_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="corpus file not found"):
+    with pytest.raises(DataError, match="none.jsonl: corpus file not found"):
         load_corpus(tmp_path / "none.jsonl")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"foo": 1}]))
@@ -67,7 +68,7 @@ def test_format_sniffing_and_errors(fixtures, tmp_path):
     assert load_examples(fixtures / "musique.jsonl", fmt="auto")[0].n_hops == 2
     with pytest.raises(ValueError, match="unknown data format 'csv'; valid: auto, flashrag"):
         load_examples(fixtures / "flashrag.jsonl", fmt="csv")
-    with pytest.raises(FileNotFoundError, match="question file not found"):
+    with pytest.raises(DataError, match="question file not found"):
         load_examples(tmp_path / "x.jsonl")
     odd = tmp_path / "odd.jsonl"
     odd.write_text('{"q": 1}\n')
@@ -75,7 +76,7 @@ def test_format_sniffing_and_errors(fixtures, tmp_path):
         load_examples(odd)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"question": "x", "golden_answers": ["y"]}\n{oops\n')
-    with pytest.raises(ValueError, match=r"broken.jsonl:2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"broken.jsonl: line 2 is not valid JSON"):
         load_examples(broken, fmt="flashrag")
 
 

@@ -138,8 +138,8 @@ def records(rt: Any, case: str) -> list[dict[str, Any]] | None:
 
 
 def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: bool = False) -> Any:
-    from searchrl.config import load_experiment
     from searchrl.engine.trainer import Trainer
+    from searchrl.experiment import load_experiment
     from searchrl.runtime import Runtime
 
     exp = load_experiment(None, overrides(world, model, out, case))

@@ -217,3 +217,74 @@ def test_slate_trains_on_step_candidates(make_exp):
         assert key in row and row[key] == row[key], key
     # every candidate is one trained sequence; the trainer's padding rows (up to k·B per question) are not
     assert row["slate/candidates"] >= 3 * 2 and row["train/sequences"] == row["slate/candidates"]
+
+
+def test_a_failing_judge_endpoint_stops_the_run_naming_it(make_exp, monkeypatch):
+    """A wrong API key (every request answered 401): the run stops at the first step with the endpoint and
+    the HTTP status, never the key, instead of training on failed judgements."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from searchrl.serving import ServiceFailure
+    from tests.helpers import JSONHandler
+
+    class Refuses(JSONHandler):
+        def do_POST(self):
+            self.read_json()
+            self.reply(401, {"error": {"message": "invalid api key"}})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuses)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    monkeypatch.setenv("FAILING_JUDGE_KEY", "s3cret-key")
+    exp = make_exp("rollout.temperature=1.0")
+    cfg = TrainerConfig(steps=2, batch_size=2, micro_batch_size=8, lr=1e-3, save_every=2)
+    judge_args = {
+        "backend": "openai",
+        "url": url,
+        "model": "m",
+        "api_key_env": "FAILING_JUDGE_KEY",
+        "retries": 0,
+    }
+    try:
+        tr = trainer_for(exp, "slate", cfg, args={"k": 3, "judge": "llm", "judge_args": judge_args})
+        with pytest.raises(ServiceFailure) as e:
+            tr.run()
+    finally:
+        server.shutdown()
+        server.server_close()
+    msg = str(e.value)
+    assert "judge:" in msg and f"{url}/chat/completions" in msg and "HTTP 401" in msg and "100%" in msg
+    assert "s3cret-key" not in msg
+    assert not read_metrics(exp.out / "metrics.jsonl")  # the step trained on nothing that was logged
+
+
+def test_service_failure_rates_and_the_progress_bar():
+    from searchrl.serving import (
+        COUNTERS,
+        FailureCounter,
+        ServiceFailure,
+        check_failure_rates,
+        service_metrics,
+    )
+
+    saved = set(COUNTERS)
+    COUNTERS.clear()
+    try:
+        c = FailureCounter("summarizer", "http://x/v1/chat/completions", max_rate=0.1)
+        for i in range(40):
+            c.record("http://x rejected the request: HTTP 500" if i % 20 == 0 else None)
+        m = service_metrics()
+        assert m == {"service/summarizer/requests": 40.0, "service/summarizer/failures": 2.0}
+        check_failure_rates(m)  # 5% <= 10%
+        assert progress_fields(m)["summarizer_fail"] == "2"
+        assert service_metrics()["service/summarizer/requests"] == 0.0  # deltas since the last call
+        with pytest.raises(ServiceFailure, match=r"summarizer: 5 of 40 requests to http://x.* HTTP 500"):
+            check_failure_rates({"service/summarizer/requests": 40.0, "service/summarizer/failures": 5.0})
+        check_failure_rates(
+            {"service/summarizer/requests": 10.0, "service/summarizer/failures": 5.0}
+        )  # too few
+        with pytest.raises(ServiceFailure, match="3 of 3"):  # but every request failing stops at once
+            check_failure_rates({"service/summarizer/requests": 3.0, "service/summarizer/failures": 3.0})
+    finally:
+        COUNTERS.update(saved)

@@ -136,7 +136,7 @@ def test_process_data_of_the_research_agent_is_one_record_per_step(tiny_model_di
 
 
 def test_online_algorithms_refuse_the_research_agent_but_collection_accepts_it():
-    from searchrl.config import check_arguments, load_experiment
+    from searchrl.experiment import check_arguments, load_experiment
 
     exp = load_experiment(None, ["env.agent=research", "algorithm={name: grpo}"])
     with pytest.raises(ConfigError, match="key 'env.agent'") as e:
@@ -192,3 +192,19 @@ def test_teacher_records_for_the_research_agent_are_the_states_it_sees(small_wor
     renamed = teacher_records(env, small_world, exs, TeacherConfig(noisy=False, rename_prob=1.0))
     assert all(r["prompt"].startswith(f"Question: {r['question']}") for r in renamed)
     assert {r["question"] for r in renamed}.isdisjoint(ex.question for ex in exs)
+
+
+def test_the_llm_summarizer_counts_failed_requests():
+    import socket
+
+    from searchrl.serving import service_metrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    service_metrics()  # start counting from here
+    summarize = LLMSummarizer(model="m", url=f"http://127.0.0.1:{port}/v1", timeout=1, retries=0)
+    assert summarize([(EX.question, "q", [DOC]), (EX.question, "r", [DOC])]) == [NO_ANSWER, NO_ANSWER]
+    m = service_metrics()
+    assert (m["service/summarizer/requests"], m["service/summarizer/failures"]) == (2.0, 2.0)
+    assert f"127.0.0.1:{port}" in summarize.client.counter.last_error

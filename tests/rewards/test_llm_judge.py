@@ -12,7 +12,8 @@ from searchrl.models import load_model_and_tokenizer
 from searchrl.rewards.judges import JudgeItem
 from searchrl.rewards.llm_judge import LLMJudge, parse_score
 from searchrl.rollout.chat import LocalChat
-from searchrl.serving import JSONHandler, ServiceError, post_json
+from searchrl.serving import ServiceError, post_json
+from tests.helpers import JSONHandler
 
 
 @pytest.mark.parametrize(
@@ -40,15 +41,15 @@ def items(world_bm25, small_world):
 
 
 def serve(server):
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    """A stdlib test server (scripted replies) in a thread; its /v1 address."""
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
 def test_endpoint_backend_against_the_tiny_model_server(items, tiny_model_dir):
     model, tok = load_model_and_tokenizer(tiny_model_dir)
-    server = make_chat_server(LocalChat(model, tok), "tiny", "127.0.0.1", 0)
-    url = serve(server)
+    server = make_chat_server(LocalChat(model, tok), "tiny", "127.0.0.1", 0).start()
+    url = server.url + "/v1"
     try:
         reply = post_json(url + "/chat/completions", {"model": "tiny", "max_tokens": 5,
                           "messages": [{"role": "user", "content": "Hello"}]})  # fmt: skip
@@ -61,8 +62,7 @@ def test_endpoint_backend_against_the_tiny_model_server(items, tiny_model_dir):
             post_json(url + "/chat/completions", {"messages": "not a list"}, retries=0)
         scores = LLMJudge(backend="openai", url=url, model="tiny", max_tokens=8, timeout=30)(items)
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     # the untrained tiny model writes no <score>: every request fails, scores 0, nothing crashes
     assert [s.failed for s in scores] == [True, True, True]
     assert scores[0].think == 0.0 and scores[0].query == 0.0 and scores[2].answer == -1.0

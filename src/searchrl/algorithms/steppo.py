@@ -16,4 +16,4 @@ from searchrl.algorithms.ppo import PPO
 
 
 class StePPO(PPO):
-    needs_process_reward = True  # checked with the experiment (`config.check_arguments`)
+    needs_process_reward = True  # checked with the experiment (`checks.check_arguments`)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.example import read_jsonl
+from searchrl.data.example import read_json, read_jsonl
+from searchrl.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def _from_record(i: int, rec: Any, path: Path) -> Doc:
             if isinstance(text, list):
                 text = "".join(text)
             return Doc(id=doc_id, title=str(rec.get("title", "")), text=str(text).strip())
-    raise ValueError(
+    raise DataError(
         f"{path}: record {i} is not a corpus entry; expected {{'id', 'contents'}} or {{'title', 'text'}}, got {rec!r:.120}"
     )
 
@@ -48,12 +48,18 @@ def _from_record(i: int, rec: Any, path: Path) -> Doc:
 def load_corpus(path: str | Path) -> list[Doc]:
     """Load any supported corpus file. Document ids default to the record's position."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"corpus file not found: {path}")
+    if not path.is_file():
+        raise DataError(f"{path}: corpus file not found" if not path.exists() else f"{path}: is not a file")
+    docs = _load(path)
+    if not docs:
+        raise DataError(f"{path}: no documents (the corpus is empty)")
+    return docs
+
+
+def _load(path: Path) -> list[Doc]:
     if path.suffix == ".jsonl":
         return [_from_record(i, rec, path) for i, rec in enumerate(read_jsonl(path))]
-    with path.open(encoding="utf-8") as f:
-        data = json.load(f)
+    data = read_json(path)
     if isinstance(data, dict):  # HotpotQA style: {title: [sentence, ...]} or {title: text}
         return [
             Doc(id=str(i), title=title, text=("".join(v) if isinstance(v, list) else str(v)).strip())
@@ -61,4 +67,4 @@ def load_corpus(path: str | Path) -> list[Doc]:
         ]
     if isinstance(data, list):
         return [_from_record(i, rec, path) for i, rec in enumerate(data)]
-    raise ValueError(f"{path}: expected a JSON list or dict of documents, got {type(data).__name__}")
+    raise DataError(f"{path}: expected a JSON list or dict of documents, got {type(data).__name__}")

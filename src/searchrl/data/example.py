@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchrl.errors import DataError, read_text
+
 
 @dataclass(frozen=True)
 class Hop:
@@ -62,7 +64,7 @@ class Example:
         )
         answers = row.get("golden_answers", row.get("answers"))
         if answers is None:
-            raise ValueError(f"row {row.get('id')!r} has no 'golden_answers'")
+            raise DataError(f"row {row.get('id')!r} has no 'golden_answers'")
         if isinstance(answers, str):
             answers = [answers]
         return cls(
@@ -83,11 +85,18 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
             f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
 
 
+def read_json(path: str | Path) -> Any:
+    """A JSON file, or a `DataError` naming it and the place where it stops being JSON."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}: line {lineno} is not valid JSON: {exc.msg}") from None

@@ -9,14 +9,14 @@ Formats (schemas in each dataset's README):
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from searchrl.data.corpus import Doc
-from searchrl.data.example import Example, Hop, read_jsonl
+from searchrl.data.example import Example, Hop, read_json, read_jsonl
+from searchrl.errors import DataError
 
 _STOP = set(
     [
@@ -94,10 +94,9 @@ def keys_from_subquestion(question: str, answer_entity: str | None = None) -> tu
 def _load_json_or_jsonl(path: Path) -> list[dict[str, Any]]:
     if path.suffix == ".jsonl":
         return list(read_jsonl(path))
-    with path.open(encoding="utf-8") as f:
-        data = json.load(f)
+    data = read_json(path)
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of questions, got {type(data).__name__}")
+        raise DataError(f"{path}: expected a JSON list of questions, got {type(data).__name__}")
     return data
 
 
@@ -113,7 +112,7 @@ def load_flashrag(path: Path, corpus: list[Doc] | None = None) -> list[Example]:
     out = []
     for i, row in enumerate(read_jsonl(path)):
         if "question" not in row or ("golden_answers" not in row and "answers" not in row):
-            raise ValueError(f"{path}: row {i} needs 'question' and 'golden_answers', has {sorted(row)}")
+            raise DataError(f"{path}: row {i} needs 'question' and 'golden_answers', has {sorted(row)}")
         row.setdefault("id", str(i))
         out.append(Example.from_json(row))
     return out
@@ -218,9 +217,10 @@ def sniff_format(path: Path) -> str:
     if path.suffix == ".jsonl":
         first = next(iter(read_jsonl(path)), {})
     else:
-        with path.open(encoding="utf-8") as f:
-            data = json.load(f)
+        data = read_json(path)
         first = data[0] if isinstance(data, list) and data else {}
+    if not first:
+        raise DataError(f"{path}: no questions (empty, or not a list of question records)")
     if "question_decomposition" in first:
         return "musique"
     if "evidences" in first:
@@ -229,7 +229,7 @@ def sniff_format(path: Path) -> str:
         return "hotpotqa"
     if "golden_answers" in first:
         return "flashrag"
-    raise ValueError(
+    raise DataError(
         f"{path}: cannot tell the format from its first record (keys {sorted(first)}); "
         f"pass one of: {', '.join(LOADERS)}"
     )
@@ -241,10 +241,21 @@ def load_examples(
     """Load questions in any supported format; ``corpus`` lets gold paragraphs be mapped to doc ids."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"question file not found: {path}")
+        raise DataError(f"{path}: question file not found")
     if fmt == "auto":
         fmt = sniff_format(path)
     if fmt not in LOADERS:
-        raise ValueError(f"unknown data format {fmt!r}; valid: auto, {', '.join(LOADERS)}")
-    examples = LOADERS[fmt](path, corpus)
+        raise DataError(f"unknown data format {fmt!r}; valid: auto, {', '.join(LOADERS)}")
+    try:
+        examples = LOADERS[fmt](path, corpus)
+    except (
+        KeyError,
+        TypeError,
+        AttributeError,
+        IndexError,
+    ) as exc:  # a record without a field the format has
+        raise DataError(f"{path}: not a {fmt} question file: a record lacks or mistypes a field "
+                        f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+    if not examples:
+        raise DataError(f"{path}: no questions")
     return examples[:limit] if limit is not None else examples

@@ -67,11 +67,18 @@ class Checkpointer:
             engine.accelerator.register_save_state_pre_hook(saved(engine.unwrap(model)))
 
     def latest(self) -> Path | None:
+        """The newest valid checkpoint: the one ``latest`` names, else (said aloud) the newest complete one."""
         pointer = self.dir / "latest"
-        if not pointer.exists():
-            return None
-        path = self.dir / pointer.read_text().strip()
-        return path if (path / "trainer.json").exists() else None
+        named = self.dir / pointer.read_text().strip() if pointer.exists() else None
+        if named is not None and is_valid_checkpoint(named):
+            return named
+        done = sorted((p for p in self.dir.glob("step-*") if not p.name.endswith(".tmp")), reverse=True)
+        for path in done:
+            if is_valid_checkpoint(path):
+                what = f"{named.name} is incomplete" if named is not None else "no 'latest' pointer"
+                self.engine.print(f"checkpoint {what}; resuming from the newest valid one, {path}")
+                return path
+        return None
 
     def save(self, step: int, trainer_state: dict[str, Any]) -> Path:
         eng = self.engine
@@ -103,6 +110,22 @@ class Checkpointer:
             unwrapped.save_pretrained(str(out), state_dict=state_dict, safe_serialization=True)
             self.tokenizer.save_pretrained(str(out))
 
+    def export_final(self, out: Path) -> Path:
+        """The trained model as ``out``, atomically: exported into ``out.tmp`` and renamed when complete,
+        so ``out`` exists only with its weights (a kill mid-export leaves no ``out``)."""
+        eng = self.engine
+        tmp = out.with_name(out.name + ".tmp")
+        if eng.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        eng.wait()
+        self.export_model(tmp)
+        eng.wait()
+        if eng.is_main:
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        eng.wait()
+        return out
+
     def load(self, path: Path) -> dict[str, Any]:
         eng = self.engine
         kwargs = {"load_module_strict": False} if eng.is_deepspeed else {"strict": not self.lora}
@@ -113,6 +136,25 @@ class Checkpointer:
         done = sorted(p for p in self.dir.glob("step-*") if not p.name.endswith(".tmp"))
         for old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+                "pytorch_model.bin", "adapter_model.bin")  # fmt: skip
+
+
+def has_weights(model_dir: Path) -> bool:
+    """A model directory holds a config and its weights (a finished export)."""
+    config = (model_dir / "config.json").exists() or (model_dir / "adapter_config.json").exists()
+    return config and any((model_dir / f).exists() for f in WEIGHT_FILES)
+
+
+def is_valid_checkpoint(path: Path) -> bool:
+    """Everything a resume reads: a readable ``trainer.json``, the training state and the exported model."""
+    try:
+        json.loads((path / "trainer.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (path / "state").is_dir() and has_weights(path / "model")
 
 
 def _atomic_write(path: Path, text: str) -> None:

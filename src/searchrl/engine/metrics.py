@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from searchrl.errors import SearchRLError
+
 
 class MetricsSink:
     def __init__(self, out_dir: Path, total_steps: int, start_step: int = 0, enabled: bool = True,
@@ -37,9 +39,7 @@ class MetricsSink:
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
             return
-        keep = [
-            ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step
-        ]
+        keep = [json.dumps(r, sort_keys=True) for r in read_metrics(self.path) if r["step"] <= step]
         self.path.write_text("".join(ln + "\n" for ln in keep))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -79,8 +79,21 @@ def progress_fields(metrics: dict[str, Any]) -> dict[str, str]:
             shown["tok/s"] = f"{metrics['time/tokens_per_s']:.0f}"
     if "eval/em" in metrics:
         shown["eval_em"] = f"{metrics['eval/em']:.3f}"
+    for k, v in metrics.items():  # judge / summarizer requests that failed this step
+        if k.startswith("service/") and k.endswith("/failures") and v:
+            shown[f"{k.split('/')[1]}_fail"] = f"{v:.0f}"
     return shown
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+    """The records of a ``metrics.jsonl``; a torn last line (a run killed mid-write) is dropped."""
+    lines = [ln for ln in Path(path).read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    records = []
+    for i, ln in enumerate(lines):
+        try:
+            records.append(json.loads(ln))
+        except ValueError:
+            if i == len(lines) - 1:
+                break
+            raise SearchRLError(f"{path}: line {i + 1} is not JSON ({ln[:60]!r})") from None
+    return records

@@ -31,6 +31,7 @@ from searchrl.functional import token_entropy, token_logprobs, token_weights
 from searchrl.masking import build_batch
 from searchrl.models.policy import Reference, forward, forward_lean, load_policy
 from searchrl.rollout.generator import GENERATORS, SamplingParams
+from searchrl.serving import check_failure_rates, failure_summary, service_metrics
 from searchrl.types import RolloutBatch, Segment, Trajectory
 
 
@@ -140,6 +141,7 @@ class Trainer:
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = 0
+        self._service_totals: dict[str, float] = {}
         if resume and (latest := self.ckpt.latest()) is not None:
             state = self.ckpt.load(latest)
             self.start_step = int(state["step"])
@@ -291,10 +293,15 @@ class Trainer:
         local.update({"train/lr": self.scheduler.get_last_lr()[0], "train/sequences": Sum(float(trained.sum())),
                       "train/action_tokens": Sum(float(batch.loss_mask.sum())), "time/collect_s": Max(t_collect),
                       "time/step_s": Max(time.perf_counter() - t0)})  # fmt: skip
+        local.update(service_metrics())  # judge / summarizer requests and failures since the last step
         with eng.phase("metrics", step):
             _debug_stall(eng, step, "metrics")
             out = eng.reduce_metrics(local)
         out["time/tokens_per_s"] = out["train/action_tokens"] / max(out["time/step_s"], 1e-9)
+        for k, v in out.items():  # totals over the run, equal on every process: all stop together
+            if k.startswith("service/"):
+                self._service_totals[k] = self._service_totals.get(k, 0.0) + v
+        check_failure_rates(self._service_totals)
         return out
 
     def _generation_session(self) -> Any:
@@ -341,11 +348,10 @@ class Trainer:
             ) from None
         finally:
             self.sink.close()
-        final = self.out / "final"
+            for line in failure_summary():
+                eng.print(line)
         with eng.phase("final export"):
-            self.ckpt.export_model(final)
-            eng.wait()
-        return final
+            return self.ckpt.export_final(self.out / "final")
 
 
 def _debug_stall(eng: Engine, step: int, phase: str) -> None:

@@ -17,6 +17,7 @@ from searchrl.data.corpus import Doc
 from searchrl.data.example import Example
 from searchrl.envs.retrievers.base import Retriever
 from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES, ChatTemplate, TagSet
+from searchrl.errors import DataError
 from searchrl.types import EnvState, StepInfo
 
 INVALID_FEEDBACK = (
@@ -82,12 +83,12 @@ class SearchEnv:
         through ``chat``, the tokenizer's chat template with the assistant turn opened, for instruct models),
         or a format string with ``{question}``."""
         if doc_format not in DOC_FORMATS:
-            raise ValueError(f"doc_format must be one of {', '.join(DOC_FORMATS)}, got {doc_format!r}")
+            raise DataError(f"doc_format must be one of {', '.join(DOC_FORMATS)}, got {doc_format!r}")
         self.doc_format = doc_format
         if on_budget not in ("force_answer", "end"):
-            raise ValueError(f"on_budget must be 'force_answer' or 'end', got {on_budget!r}")
+            raise DataError(f"on_budget must be 'force_answer' or 'end', got {on_budget!r}")
         if agent not in AGENTS:
-            raise ValueError(f"agent must be one of {', '.join(AGENTS)}, got {agent!r}")
+            raise DataError(f"agent must be one of {', '.join(AGENTS)}, got {agent!r}")
         self.agent = agent
         if summarizer is None and agent == "research":
             from searchrl.envs.summarize import ExtractiveSummarizer
@@ -100,7 +101,7 @@ class SearchEnv:
             template = CHAT_TEMPLATES.get(template) or TEMPLATES.get(template, template)
         self.template: str | ChatTemplate = template
         if isinstance(self.template, ChatTemplate) and chat is None:
-            raise ValueError(
+            raise DataError(
                 f"template {template!r} is rendered through a tokenizer's chat template: pass chat="
             )
         self.chat = chat

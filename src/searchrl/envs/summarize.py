@@ -20,6 +20,7 @@ from typing import Any
 
 from searchrl.answers import normalize_answer
 from searchrl.data.corpus import Doc
+from searchrl.errors import DataError
 from searchrl.registry import Registry
 
 SummaryItem = tuple[str, str, Sequence[Doc]]  # (question, query, documents)
@@ -55,7 +56,7 @@ class ExtractiveSummarizer:
 
     def __init__(self, max_sentences: int = 2) -> None:
         if max_sentences < 1:
-            raise ValueError(f"env.summarizer.args.max_sentences must be at least 1, got {max_sentences}")
+            raise DataError(f"env.summarizer.args.max_sentences must be at least 1, got {max_sentences}")
         self.max_sentences = max_sentences
 
     def __call__(self, items: Sequence[SummaryItem]) -> list[str]:

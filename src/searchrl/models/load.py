@@ -7,6 +7,8 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from searchrl.errors import DataError
+
 
 @contextmanager
 def _unpartitioned() -> Iterator[None]:
@@ -38,11 +40,11 @@ def load_model_and_tokenizer(path: str | Path, dtype: str = "float32", whole: bo
 
     local = Path(path).is_dir()
     if not local and Path(path).exists():
-        raise ValueError(f"model path {path} is a file; pass the directory that holds config.json")
+        raise DataError(f"model path {path} is a file; pass the directory that holds config.json")
     try:
         torch_dtype = getattr(torch, dtype)
     except AttributeError as exc:
-        raise ValueError(f"unknown dtype {dtype!r}; valid: float32, bfloat16, float16") from exc
+        raise DataError(f"unknown dtype {dtype!r}; valid: float32, bfloat16, float16") from exc
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=local)
     with _unpartitioned() if whole else nullcontext():
         model = AutoModelForCausalLM.from_pretrained(

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from searchrl.errors import DataError
+
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD, *CHAT_TOKENS)  # then the caller's tags
@@ -108,11 +110,11 @@ def build_local_model(
     trains one on ``texts``, every string of ``tags`` one special token (pass `envs.tags.ALL_TAG_STRINGS`);
     ``qwen2.5`` is Qwen2.5's real vocabulary (tags are text; ``texts`` and ``tags`` are not read)."""
     if size not in SIZES:
-        raise ValueError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
+        raise DataError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
     if tokenizer not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
+        raise DataError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
     if size.startswith("qwen") and tokenizer == "local":
-        raise ValueError(f"model size {size!r} has Qwen2.5's vocabulary: set model.tokenizer: qwen2.5")
+        raise DataError(f"model size {size!r} has Qwen2.5's vocabulary: set model.tokenizer: qwen2.5")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer == "local":

@@ -14,7 +14,10 @@ Backends:
   is read from the environment variable named by ``api_key_env`` and never logged). A local model can
   be served that way with ``searchrl serve-model``.
 
-A request that times out, fails, or returns no parsable score scores 0 and is counted as a failure.
+A request that times out, fails, or returns no parsable score scores 0 and is counted as a failure
+(``slate/judge_failures``). Requests that fail outright (the endpoint down, HTTP errors, a wrong key) are
+counted per service (``service/judge/failures``); above ``max_failure_rate`` (default 5%) of the requests
+the run stops with an error naming the endpoint and the HTTP status, never the key.
 """
 
 from __future__ import annotations
@@ -105,9 +108,11 @@ class LLMJudge:
         retries: int = 2,
         workers: int = 8,
         max_context_chars: int = 6000,
+        max_failure_rate: float = 0.05,
     ) -> None:
         self.max_tokens, self.temperature, self.max_context = max_tokens, temperature, max_context_chars
-        self.client = chat_client(backend, model, url, api_key_env, timeout, retries, workers, "judge_args")
+        self.client = chat_client(backend, model, url, api_key_env, timeout, retries, workers, "judge_args",
+                                  max_failure_rate, "judge")  # fmt: skip
 
     def __call__(self, items: Sequence[JudgeItem]) -> list[JudgeScores]:
         requests: list[tuple[int, str, str]] = []  # (item, part, prompt)

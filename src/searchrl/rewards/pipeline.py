@@ -9,6 +9,7 @@ from typing import Any
 
 from searchrl.aggregate import Mean
 from searchrl.config import RewardSpec
+from searchrl.errors import DataError
 from searchrl.rewards.registry import PROVIDED, REWARDS, RewardOutput, reward_kind
 from searchrl.types import Trajectory
 
@@ -33,7 +34,16 @@ def call_reward(fn: Any, traj: Trajectory, args: dict[str, Any],
         elif resources is not None and name in resources:
             kwargs[name] = resources[name]()
     out = fn(traj, **kwargs, **args)
-    return out if isinstance(out, RewardOutput) else RewardOutput(score=float(out))
+    if isinstance(out, RewardOutput):
+        return out
+    if isinstance(out, bool) or not isinstance(out, int | float):
+        raise TypeError(f"returned {out!r}; a reward returns a number or a RewardOutput")
+    return RewardOutput(score=float(out))
+
+
+def check_calling_convention(fn: Any, args: Mapping[str, Any]) -> None:
+    """Raise TypeError unless ``fn(traj, **provided_fields, **args)`` binds (checked at `validate` time)."""
+    inspect.signature(fn).bind(None, **{n: None for n in wanted(fn)}, **args)
 
 
 class RewardPipeline:
@@ -45,7 +55,7 @@ class RewardPipeline:
     def __init__(self, specs: Sequence[RewardSpec], resources: Mapping[str, Callable[[], Any]] | None = None
                  ) -> None:  # fmt: skip
         if not specs:
-            raise ValueError("no rewards configured: add e.g. `rewards: [{name: f1}]` to the experiment")
+            raise DataError("no rewards configured: add e.g. `rewards: [{name: f1}]` to the experiment")
         self.specs = list(specs)
         self.fns = [REWARDS.get(s.name) for s in self.specs]
         self._built: dict[str, Any] = {}
@@ -68,11 +78,15 @@ class RewardPipeline:
         for t in trajs:
             total, steps = 0.0, [0.0] * len(t.steps)
             for spec, fn in zip(self.specs, self.fns):
-                out = call_reward(fn, t, spec.args, self.resources)
+                try:
+                    out = call_reward(fn, t, spec.args, self.resources)
+                except Exception as exc:
+                    raise DataError(f"reward '{spec.name}' failed on question {t.example.id}: "
+                                    f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
                 total += spec.weight * out.score
                 if out.step_scores:
                     if len(out.step_scores) != len(t.steps):
-                        raise ValueError(f"reward '{spec.name}' gave {len(out.step_scores)} step scores for "
+                        raise DataError(f"reward '{spec.name}' gave {len(out.step_scores)} step scores for "
                                          f"{len(t.steps)} steps")  # fmt: skip
                     steps = [a + spec.weight * b for a, b in zip(steps, out.step_scores)]
                 sums[f"reward/{spec.name}"] += out.score

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from searchrl.envs.summarize import NO_ANSWER, SUMMARY_PROMPT, SummaryItem
-from searchrl.serving import ServiceError, post_json
+from searchrl.errors import DataError
+from searchrl.serving import FailureCounter, ServiceError, post_json
 
 Messages = list[dict[str, str]]
 
@@ -61,13 +62,17 @@ class LocalChat:
 
 
 class OpenAIChatClient:
-    def __init__(self, url: str, model: str, api_key_env: str | None, timeout: float, retries: int, workers: int
-                 ) -> None:  # fmt: skip
+    """Concurrent requests to an OpenAI-compatible endpoint. A request that fails after its retries answers
+    None and is counted (``counter``: the run stops when they exceed ``max_failure_rate``)."""
+
+    def __init__(self, url: str, model: str, api_key_env: str | None, timeout: float, retries: int, workers: int,
+                 name: str = "chat", max_failure_rate: float = 0.05) -> None:  # fmt: skip
         self.url = url.rstrip("/") + (
             "" if url.rstrip("/").endswith("/chat/completions") else "/chat/completions"
         )
         self.model, self.api_key_env = model, api_key_env
         self.timeout, self.retries, self.workers = timeout, retries, workers
+        self.counter = FailureCounter(name, self.url, max_failure_rate)
 
     def _one(self, messages: list[dict[str, str]], max_tokens: int, temperature: float) -> str | None:
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -80,9 +85,16 @@ class OpenAIChatClient:
         }
         try:
             out = post_json(self.url, body, self.timeout, self.retries, 0.5, headers)
-            return str(out["choices"][0]["message"]["content"])
-        except (ServiceError, KeyError, IndexError, TypeError):
+        except ServiceError as exc:
+            self.counter.record(str(exc))
             return None
+        try:
+            text = str(out["choices"][0]["message"]["content"])
+        except (KeyError, IndexError, TypeError):
+            self.counter.record(f"{self.url} answered without choices[0].message.content: {str(out)[:200]}")
+            return None
+        self.counter.record()
+        return text
 
     def complete(self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
                  ) -> list[str | None]:  # fmt: skip
@@ -91,15 +103,15 @@ class OpenAIChatClient:
 
 
 def chat_client(backend: str, model: str, url: str, api_key_env: str | None, timeout: float, retries: int,
-                workers: int, key: str) -> Any:  # fmt: skip
+                workers: int, key: str, max_failure_rate: float = 0.05, service: str = "chat") -> Any:  # fmt: skip
     """A batched chat client: an OpenAI-compatible server (``openai``) or a local model directory (``hf``).
-    ``key`` names the config section in errors."""
+    ``key`` names the config section in errors, ``service`` the client in metrics (``service/<name>/…``)."""
     if backend not in ("hf", "openai"):
-        raise ValueError(f"{key}.backend must be 'hf' or 'openai', got {backend!r}")
+        raise DataError(f"{key}.backend must be 'hf' or 'openai', got {backend!r}")
     if not model:
-        raise ValueError(f"{key}.model is required: a local model directory (hf) or a model name (openai)")
+        raise DataError(f"{key}.model is required: a local model directory (hf) or a model name (openai)")
     if backend == "openai":
-        return OpenAIChatClient(url, model, api_key_env, timeout, retries, workers)
+        return OpenAIChatClient(url, model, api_key_env, timeout, retries, workers, service, max_failure_rate)
     return _LocalClient(LocalChat.load(model))
 
 
@@ -113,14 +125,15 @@ class _LocalClient:
 
 
 class LLMSummarizer:
-    """Figure 7's prompt to a chat model; a failed request falls back to `NO_ANSWER`."""
+    """Figure 7's prompt to a chat model; a failed request falls back to `NO_ANSWER` and is counted
+    (``service/summarizer/failures``; above ``max_failure_rate`` of the requests the run stops)."""
 
     def __init__(self, backend: str = "openai", model: str = "", url: str = "http://127.0.0.1:8001/v1",
                  api_key_env: str | None = "OPENAI_API_KEY", max_tokens: int = 128, temperature: float = 0.0,
-                 timeout: float = 60.0, retries: int = 2, workers: int = 8, max_doc_chars: int = 4000) -> None:  # fmt: skip
-        self.client = chat_client(
-            backend, model, url, api_key_env, timeout, retries, workers, "env.summarizer"
-        )
+                 timeout: float = 60.0, retries: int = 2, workers: int = 8, max_doc_chars: int = 4000,
+                 max_failure_rate: float = 0.05) -> None:  # fmt: skip
+        self.client = chat_client(backend, model, url, api_key_env, timeout, retries, workers, "env.summarizer",
+                                  max_failure_rate, "summarizer")  # fmt: skip
         self.max_tokens, self.temperature, self.max_doc_chars = max_tokens, temperature, max_doc_chars
 
     def __call__(self, items: Sequence[SummaryItem]) -> list[str]:

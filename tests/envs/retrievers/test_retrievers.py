@@ -1,4 +1,3 @@
-import threading
 import time
 
 import pytest
@@ -99,20 +98,16 @@ def test_cache_hits_and_eviction(corpus):
 
 def test_http_round_trip_against_real_server(corpus):
     local = BM25Retriever(corpus)
-    server = make_server(local, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = make_server(local, "127.0.0.1", 0).start()
     try:
-        host, port = server.server_address[:2]
-        client = HTTPRetriever(f"http://{host}:{port}", timeout=5)
+        client = HTTPRetriever(server.url, timeout=5)
         qs = ["capital of France", "Shakespeare"]
         remote = client.search(qs, 2)
         assert ids(remote) == ids(local.search(qs, 2))
         assert remote[0][0].title == "Paris" and remote[0][0].text.startswith("Paris is the capital")
         assert remote[0][0].score == pytest.approx(local.search(qs, 2)[0][0].score)
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_http_client_clear_error_when_server_down():

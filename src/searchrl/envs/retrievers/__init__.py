@@ -8,6 +8,7 @@ from typing import Any
 from searchrl.data.corpus import Doc, load_corpus
 from searchrl.envs.retrievers.base import RETRIEVERS, IndexedRetriever, Retriever
 from searchrl.envs.retrievers.cache import CachedRetriever
+from searchrl.errors import DataError
 
 
 def build_retriever(
@@ -33,7 +34,7 @@ def build_retriever(
         retriever = cls.load(index, **args)
     else:
         if corpus is None:
-            raise ValueError(
+            raise DataError(
                 f"retriever '{name}' needs a corpus (or an index directory built by `searchrl index`)"
             )
         docs = corpus if isinstance(corpus, list) else load_corpus(corpus)
@@ -42,6 +43,18 @@ def build_retriever(
             built.save(index)
         retriever = built
     return CachedRetriever(retriever, maxsize=cache) if cache > 0 else retriever
+
+
+def retriever_arguments(name: str) -> list[str] | None:
+    """The keyword arguments retriever ``name`` takes (``args`` in the config, ``--arg`` on the command line);
+    None when it takes any."""
+    import inspect
+
+    cls: Any = RETRIEVERS.get(name)
+    params = list(inspect.signature(cls).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.name not in ("docs", "embeddings")]
 
 
 __all__ = ["RETRIEVERS", "CachedRetriever", "Doc", "IndexedRetriever", "Retriever", "build_retriever"]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from searchrl.data.corpus import Doc, load_corpus
+from searchrl.errors import DataError
 
 
 class BM25Retriever:
@@ -18,7 +19,7 @@ class BM25Retriever:
         import bm25s
 
         if not docs:
-            raise ValueError("BM25Retriever needs a non-empty corpus")
+            raise DataError("BM25Retriever needs a non-empty corpus")
         self.docs = docs
         self.params = {"k1": k1, "b": b, "method": method}
         self._model = bm25s.BM25(k1=k1, b=b, method=method)

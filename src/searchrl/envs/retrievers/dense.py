@@ -14,6 +14,7 @@ import numpy as np
 
 from searchrl.data.corpus import Doc, load_corpus
 from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, _with_score
+from searchrl.errors import DataError
 
 
 def default_encoder_path() -> str:
@@ -51,7 +52,7 @@ class DenseRetriever:
         from sentence_transformers import SentenceTransformer
 
         if not docs:
-            raise ValueError("DenseRetriever needs a non-empty corpus")
+            raise DataError("DenseRetriever needs a non-empty corpus")
         self.docs = docs
         self.encoder_path = encoder or default_encoder_path()
         self.batch_size, self.query_prefix, self.doc_prefix = batch_size, query_prefix, doc_prefix

@@ -8,14 +8,12 @@ documents per query). Any Search-R1 / FlashRAG-style server works with the clien
 
 from __future__ import annotations
 
-import threading
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from searchrl.data.corpus import Doc
 from searchrl.envs.retrievers.base import Retriever
 from searchrl.errors import SearchRLError
-from searchrl.serving import JSONHandler, ServiceError, post_json
+from searchrl.serving import ServiceError, post_json
 
 
 class RetrieverUnavailable(SearchRLError, ConnectionError):
@@ -40,15 +38,23 @@ class HTTPRetriever:
             payload = post_json(self.url, {"queries": queries, "topk": k, "return_scores": True}, self.timeout,
                                 self.retries, self.backoff)  # fmt: skip
         except ServiceError as exc:
-            hint = (
-                ""
-                if exc.status
-                else (
-                    " Is it running? Start one with `searchrl serve-retriever --retriever bm25 --corpus CORPUS`."
-                )
-            )
+            hint = "" if exc.status else (
+                " Is it running? Start one with `searchrl serve-retriever --retriever bm25 --corpus CORPUS`."
+            )  # fmt: skip
             raise RetrieverUnavailable(f"retrieval server: {exc}.{hint}") from None
-        return [[_parse_doc(item) for item in row] for row in payload["result"]]
+        try:
+            rows = payload["result"]
+            if not isinstance(rows, list) or len(rows) != len(queries):
+                raise ValueError(
+                    f"{len(rows) if isinstance(rows, list) else type(rows).__name__} result rows"
+                )
+            return [[_parse_doc(item) for item in row] for row in rows]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RetrieverUnavailable(
+                f"retrieval server {self.url} answered in an unexpected shape ({type(exc).__name__}: {exc}); "
+                'expected {"result": [[{"document": {"id", "contents"}, "score"}, ...] per query]}: '
+                f"{str(payload)[:200]}"
+            ) from None
 
 
 def _parse_doc(item: dict[str, Any]) -> Doc:
@@ -58,33 +64,61 @@ def _parse_doc(item: dict[str, Any]) -> Doc:
     return Doc(id=str(doc.get("id", "")), title=doc.get("title", ""), text=doc.get("text", ""), score=score)
 
 
-class _Handler(JSONHandler):
-    retriever: Retriever
-    lock: threading.Lock
+LIMITS = {"max_queries": 1024, "max_topk": 100, "max_query_chars": 4096, "max_body_bytes": 8 * 2**20,
+          "timeout": 60.0}  # fmt: skip
 
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") != "/retrieve":
-            self.reply(404, {"error": f"unknown path {self.path}; use POST /retrieve"})
-            return
-        try:
-            req = self.read_json()
-            queries, topk = req["queries"], int(req.get("topk", 3))
-            if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-                raise ValueError("'queries' must be a list of strings")
-        except (ValueError, KeyError, TypeError) as exc:
-            self.reply(400, {"error": f"bad request: {exc}"})
-            return
-        with self.lock:  # retrievers are not assumed thread-safe
-            results = self.retriever.search(queries, topk)
+
+def make_app(retriever: Retriever, max_queries: int = 1024, max_topk: int = 100, max_query_chars: int = 4096,
+             max_body_bytes: int = 8 * 2**20, timeout: float = 60.0) -> Any:  # fmt: skip
+    """Search-R1's ``POST /retrieve`` (and ``GET /health``) for ``retriever``, as an ASGI app. Requests
+    arriving together are answered by one retriever call (the largest ``topk`` among them, each cut to its
+    own); every bad request gets a JSON error naming the limit."""
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from searchrl.asgi import BadRequest, Batcher, integer, json_app, read_json, with_timeout
+
+    def search(_: Any, items: list[tuple[list[str], int]]) -> list[list[list[Doc]]]:
+        flat = [q for queries, _ in items for q in queries]
+        rows = retriever.search(flat, max(k for _, k in items)) if flat else []
+        out, i = [], 0
+        for queries, k in items:
+            out.append([row[:k] for row in rows[i : i + len(queries)]])
+            i += len(queries)
+        return out
+
+    batcher = Batcher(search)
+
+    async def retrieve(request: Any) -> Any:
+        req = await read_json(request)
+        queries = req.get("queries")
+        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+            raise BadRequest("'queries' must be a list of strings")
+        if len(queries) > max_queries:
+            raise BadRequest(f"{len(queries)} queries in one request; the server takes at most {max_queries}")
+        if any(len(q) > max_query_chars for q in queries):
+            raise BadRequest(f"a query longer than {max_query_chars} characters")
+        topk = integer(req.get("topk", 3), "topk", 1, max_topk)
+        results = await with_timeout(batcher.submit(None, (queries, topk)), timeout)
         body: list[list[dict[str, Any]]]
         if req.get("return_scores", False):
             body = [[{"document": d.to_json(), "score": d.score} for d in row] for row in results]
         else:
             body = [[d.to_json() for d in row] for row in results]
-        self.reply(200, {"result": body})
+        return JSONResponse({"result": body})
+
+    async def health(request: Any) -> Any:
+        return JSONResponse(
+            {"status": "ok", "retriever": type(retriever).__name__, "batched_calls": batcher.calls}
+        )
+
+    return json_app([Route("/retrieve", retrieve, methods=["POST"]), Route("/retrieve/", retrieve, methods=["POST"]),
+                     Route("/health", health, methods=["GET"])], max_body_bytes)  # fmt: skip
 
 
-def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """An HTTP server for ``retriever`` (not started). Port 0 picks a free port."""
-    handler = type("Handler", (_Handler,), {"retriever": retriever, "lock": threading.Lock()})
-    return ThreadingHTTPServer((host, port), handler)
+def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **limits: Any) -> Any:
+    """A retrieval server (`searchrl.asgi.Served`, not started) for ``retriever``; port 0 picks a free
+    port. ``limits``: `make_app`'s."""
+    from searchrl.asgi import Served
+
+    return Served(make_app(retriever, **limits), host, port)

@@ -13,29 +13,13 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from searchrl.config import TeacherConfig
 from searchrl.data.example import Example
 from searchrl.envs.search import EnvState, SearchEnv
 from searchrl.envs.synthetic.world import World
-
-
-@dataclass(frozen=True)
-class TeacherConfig:
-    noisy: bool = False
-    p_repeat: float = 0.15  # after a successful search, repeat the same query once
-    p_early: float = 0.10  # after a hop (not the last), answer with the current sub-answer
-    p_vague: float = 0.15  # before a hop's proper query, issue one without its entity
-    rename_prob: float = 0.0  # share of trajectories whose entity names are renamed
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("p_repeat", "p_early", "p_vague", "rename_prob"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"teacher.{name} must be in [0, 1], got {v}")
-
+from searchrl.errors import DataError
 
 _NAME = re.compile(r"\b[A-Z][a-z]+(?: University)?\b")
 
@@ -51,7 +35,7 @@ class TeacherEpisode:
 
     def __init__(self, example: Example, env: SearchEnv, config: TeacherConfig, rng: random.Random) -> None:
         if not example.hops:
-            raise ValueError(f"the teacher needs a decomposition; example {example.id} has no hops")
+            raise DataError(f"the teacher needs a decomposition; example {example.id} has no hops")
         self.ex, self.env, self.cfg, self.rng = example, env, config, rng
         self.hop = 0  # index of the hop being solved
         self.key = 0  # index of the next gold key to try for that hop

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchrl.config import WorldConfig
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example, Hop, read_jsonl, write_jsonl
 from searchrl.envs.synthetic.names import make_names
@@ -29,47 +30,9 @@ from searchrl.envs.synthetic.schema import (
     RELATIONS_BY_SUBJECT,
     Relation,
 )
+from searchrl.errors import DataError
 
 SPLITS = ("train", "dev", "test")
-
-
-@dataclass(frozen=True)
-class WorldConfig:
-    """Size and difficulty of a synthetic world. Defaults generate in about a second."""
-
-    seed: int = 0
-    persons: int = 360
-    cities: int = 120
-    countries: int = 12
-    films: int = 160
-    companies: int = 100
-    universities: int = 40
-    bands: int = 80
-    split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # train, dev, test entities
-    questions: tuple[int, int, int] = (4000, 200, 500)  # train, dev, test
-    hop_weights: tuple[float, ...] = (0.25, 0.35, 0.25, 0.15)  # P(1 hop), ..., P(4 hops)
-    distractors_per_doc: int = 2  # sentences that name other entities in unrelated roles
-    inverse_mentions: int = (
-        3  # object documents list up to this many subjects ("People born in X include ...")
-    )
-    name_pool_factor: float = 3.0  # names invented per entity: the extra ones are used for renaming
-
-    def count(self, kind: str) -> int:
-        return {
-            "person": self.persons,
-            "city": self.cities,
-            "country": self.countries,
-            "film": self.films,
-            "company": self.companies,
-            "university": self.universities,
-            "band": self.bands,
-        }[kind]
-
-    def __post_init__(self) -> None:
-        if len(self.hop_weights) == 0 or len(self.hop_weights) > 4 or min(self.hop_weights) < 0:
-            raise ValueError(f"hop_weights must give 1-4 non-negative weights, got {self.hop_weights}")
-        if abs(sum(self.split_fractions) - 1.0) > 1e-6 or len(self.split_fractions) != 3:
-            raise ValueError(f"split_fractions must be 3 numbers summing to 1, got {self.split_fractions}")
 
 
 @dataclass
@@ -220,7 +183,7 @@ class World:
 
     def examples(self, split: str) -> list[Example]:
         if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+            raise DataError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
         if split not in self._examples:
             idx = SPLITS.index(split)
             rng = random.Random(self.config.seed * 1000 + 17 + idx)
@@ -307,7 +270,7 @@ def _split_labels(n: int, fractions: tuple[float, float, float]) -> list[str]:
     counts = [round(n * f) for f in fractions]
     counts[0] = n - counts[1] - counts[2]
     if min(counts) < 1:
-        raise ValueError(f"a world with {n} entities of one kind cannot be split {fractions}; make it larger")
+        raise DataError(f"a world with {n} entities of one kind cannot be split {fractions}; make it larger")
     return [s for s, c in zip(SPLITS, counts) for _ in range(c)]
 
 

@@ -1,0 +1,199 @@
+"""The servers' common ASGI pieces (Starlette on uvicorn): JSON errors for every bad request, a request
+body limit, per-request timeouts, a micro-batcher that turns concurrent requests into one model or
+retriever call, and a runner that binds the socket itself (a clear error for a port in use, a deep listen
+backlog) and can run in a background thread (tests, benchmarks).
+
+Used by `searchrl serve-retriever` (`envs.retrievers.http`) and `searchrl serve-model` (`chat_server`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from searchrl.errors import SearchRLError
+
+
+class BadRequest(Exception):
+    """A request the server refuses with HTTP 400 and this message."""
+
+
+def json_app(routes: Sequence[Any], max_body_bytes: int, error_body: Callable[[str], Any] = lambda m: {"error": m}
+             ) -> Any:  # fmt: skip
+    """A Starlette app whose every error is JSON (``error_body(message)``): 400 for `BadRequest`, the
+    framework's status for HTTP errors (404, 405, 413 over ``max_body_bytes``), 500 otherwise."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+
+    async def http_error(request: Any, exc: Exception) -> Any:
+        assert isinstance(exc, HTTPException)
+        detail = exc.detail if exc.status_code != 413 else f"request body above {max_body_bytes} bytes"
+        return JSONResponse(error_body(str(detail)), status_code=exc.status_code)
+
+    async def bad_request(request: Any, exc: Exception) -> Any:
+        return JSONResponse(error_body(f"bad request: {exc}"), status_code=400)
+
+    async def server_error(request: Any, exc: Exception) -> Any:
+        return JSONResponse(error_body(f"server error: {type(exc).__name__}: {exc}"), status_code=500)
+
+    app = Starlette(routes=list(routes),
+                    exception_handlers={HTTPException: http_error, BadRequest: bad_request,
+                                        Exception: server_error})  # fmt: skip
+    app.state.max_body_bytes = max_body_bytes
+    return app
+
+
+async def read_json(request: Any) -> dict[str, Any]:
+    """The request's JSON object, or `BadRequest` (not JSON, too deeply nested, not an object); a body
+    above the app's ``max_body_bytes`` is refused (413) before it is read, or as soon as it passes it."""
+    from starlette.exceptions import HTTPException
+
+    limit = request.app.state.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"the body is not JSON ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    return data
+
+
+def integer(value: Any, name: str, low: int, high: int) -> int:
+    """``value`` as an int in [low, high] (JSON numbers only: no booleans, fractions or infinities)."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    ok = ok or (isinstance(value, float) and value.is_integer())
+    if not ok or not low <= int(value) <= high:
+        raise BadRequest(f"'{name}' must be an integer from {low} to {high}, got {value!r}")
+    return int(value)
+
+
+async def with_timeout(work: Awaitable[Any], seconds: float) -> Any:
+    from starlette.exceptions import HTTPException
+
+    try:
+        return await asyncio.wait_for(work, seconds)
+    except TimeoutError:
+        raise HTTPException(
+            504, f"the request took longer than the server's timeout ({seconds:g} s)"
+        ) from None
+
+
+class Batcher:
+    """Concurrent requests into one call: ``submit(key, item)`` queues an item; a worker takes every queued
+    item with the first one's ``key`` (up to ``max_items``), runs ``fn(key, items)`` in a thread (one call
+    at a time: models and retrievers are not assumed thread-safe) and answers each request with its result.
+    """
+
+    def __init__(self, fn: Callable[[Any, list[Any]], list[Any]], max_items: int = 256) -> None:
+        self.fn, self.max_items = fn, max_items
+        self._queue: list[tuple[Any, Any, asyncio.Future[Any]]] = []
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.calls = 0
+
+    async def submit(self, key: Any, item: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._worker is None:
+            self._wake = asyncio.Event()
+            self._worker = loop.create_task(self._run())
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((key, item, fut))
+        assert self._wake is not None
+        self._wake.set()
+        return await fut
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                key = self._queue[0][0]
+                batch = [q for q in self._queue if q[0] == key][: self.max_items]
+                taken = {id(q) for q in batch}
+                self._queue = [q for q in self._queue if id(q) not in taken]
+                live = [q for q in batch if not q[2].done()]  # timed-out requests are dropped
+                if not live:
+                    continue
+                self.calls += 1
+                try:
+                    results = await asyncio.to_thread(self.fn, key, [q[1] for q in live])
+                except Exception as exc:  # every request of the batch answers the error
+                    for q in live:
+                        if not q[2].done():
+                            q[2].set_exception(exc)
+                    continue
+                for q, r in zip(live, results):
+                    if not q[2].done():
+                        q[2].set_result(r)
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening socket on host:port (port 0: a free one), or `SearchRLError` naming the address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SearchRLError(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+class Served:
+    """An app on a bound socket: ``run()`` blocks (the CLI); ``start()`` serves from a thread and
+    ``stop()`` ends it (tests, benchmarks). ``url`` is the address it serves."""
+
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, timeout_keep_alive: int = 30
+    ) -> None:
+        import uvicorn
+
+        self.sock = listen(host, port)
+        self.host, self.port = host, self.sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=timeout_keep_alive,
+                                lifespan="off", ws="none")  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def run(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self.sock.close()
+
+    def start(self) -> Served:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)

@@ -1,0 +1,137 @@
+"""Load and check an experiment: the file(s) and overrides (`searchrl.loader`), converted by the schema
+(`searchrl.config`), then the names it gives checked against the registries (retrievers, rewards,
+algorithms, generators, judges, annotators, summarizers, tag sets, templates); and, on demand, the deeper
+checks that import the named objects (`check_arguments`: their arguments and calling conventions), run by
+`searchrl validate` and before every command that trains or collects.
+
+Every error names the file (or the command line), the dotted key, the bad value and the valid choices,
+with a close-match suggestion for typos.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from searchrl.config import Ctx, Experiment, from_dict
+from searchrl.errors import ConfigError, RegistryError
+from searchrl.loader import read_experiment
+from searchrl.registry import Registry
+
+
+def load_experiment(path: str | Path | None = None, overrides: list[str] | None = None) -> Experiment:
+    """``path`` (a YAML experiment file, or None for the defaults) with ``overrides`` (``a.b=c``), converted
+    and its names checked, before anything heavy is imported."""
+    exp, ctx = read_experiment(path, overrides)
+    check_names(ctx)
+    return exp
+
+
+def from_dict_checked(cls: type, data: dict[str, Any], source: str = "<config>", key: str = "") -> Any:
+    """`searchrl.config.from_dict`, with the names it gives checked too."""
+    ctx = Ctx()
+    obj = from_dict(cls, data, source, key, ctx)
+    check_names(ctx)
+    return obj
+
+
+def _registries() -> dict[str, Registry[Any]]:
+    from searchrl.algorithms import ALGORITHMS
+    from searchrl.envs.retrievers.base import RETRIEVERS
+    from searchrl.envs.summarize import SUMMARIZERS
+    from searchrl.rewards import REWARDS
+    from searchrl.rewards.judges import ANNOTATORS, JUDGES
+    from searchrl.rollout.generator import GENERATORS
+
+    return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS, "generators": GENERATORS,
+            "judges": JUDGES, "annotators": ANNOTATORS, "summarizers": SUMMARIZERS}  # fmt: skip
+
+
+def _choices(name: str) -> list[str]:
+    from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES
+
+    return {"tagsets": list(TAGSETS), "templates": [*TEMPLATES, *CHAT_TEMPLATES]}[name]
+
+
+def check_names(ctx: Ctx) -> None:
+    """The registry names and named choices the schema recorded in ``ctx`` (``ctx.names``)."""
+    registries = _registries()
+    for key, kind, value in ctx.names:
+        if kind in registries:
+            reg = registries[kind]
+            try:
+                reg.check(value)
+            except RegistryError as exc:
+                if isinstance(value, str) and ":" in value:
+                    raise ctx.error(key, str(exc), value=value) from exc
+                raise ctx.error(key, f"unknown {reg.kind} name", value=value, choices=reg.names()) from exc
+        elif value not in (choices := _choices(kind)):
+            raise ctx.error(key, "invalid value", value=value, choices=choices)
+
+
+def check_arguments(exp: Experiment, source: str = "<config>", training: bool = True) -> None:
+    """Deeper checks that import the named objects: algorithm arguments against the algorithm's
+    ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
+    file will train its algorithm) that the algorithm can train the agent design."""
+    from searchrl.algorithms import ALGORITHMS
+    from searchrl.envs.search import AGENTS, RERENDERED_AGENTS
+    from searchrl.rewards import REWARDS
+    from searchrl.rewards.pipeline import check_calling_convention
+    from searchrl.rewards.registry import PROVIDED, reward_kind
+
+    if exp.algorithm is not None:
+        algo = ALGORITHMS.get(exp.algorithm.name)
+        if training and getattr(algo, "online", False) and exp.env.agent in RERENDERED_AGENTS:
+            raise ConfigError(
+                f"agent '{exp.env.agent}' re-renders its state at every step, so an episode is not one token "
+                f"sequence; the online algorithm '{exp.algorithm.name}' trains on such sequences",
+                file=source, key="env.agent", value=exp.env.agent,
+                choices=[a for a in AGENTS if a not in RERENDERED_AGENTS],
+                hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)")  # fmt: skip
+        config_cls = getattr(algo, "Config", None)
+        if config_cls is not None:
+            from_dict_checked(config_cls, exp.algorithm.args, source, "algorithm")
+        elif exp.algorithm.args:
+            raise ConfigError(
+                "this algorithm takes no arguments", file=source, key="algorithm", value=exp.algorithm.args
+            )
+        if getattr(algo, "needs_process_reward", False) and not any(
+            reward_kind(s.name) == "process" for s in exp.rewards
+        ):
+            raise ConfigError(
+                f"algorithm '{exp.algorithm.name}' places per-step rewards, but no configured reward is a "
+                "process reward", file=source, key="rewards", value=[s.name for s in exp.rewards],
+                choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
+                hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only")  # fmt: skip
+    from searchrl.envs.retrievers import retriever_arguments
+
+    known = retriever_arguments(exp.env.retriever.name)
+    for arg in exp.env.retriever.args:
+        if known is not None and arg not in known:
+            raise ConfigError(f"retriever '{exp.env.retriever.name}' has no argument '{arg}'", file=source,
+                              key=f"env.retriever.args.{arg}", value=arg, choices=known)  # fmt: skip
+    if exp.env.summarizer is not None:
+        from searchrl.envs.summarize import SUMMARIZERS
+
+        params = inspect.signature(SUMMARIZERS.get(exp.env.summarizer.name)).parameters
+        for arg in exp.env.summarizer.args:
+            if arg not in params:
+                raise ConfigError(f"summarizer '{exp.env.summarizer.name}' has no argument '{arg}'", file=source,
+                                  key=f"env.summarizer.args.{arg}", value=arg, choices=list(params))  # fmt: skip
+    for i, spec in enumerate(exp.rewards):
+        params = inspect.signature(REWARDS.get(spec.name)).parameters
+        allowed = [
+            n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in PROVIDED
+        ]
+        named_only = not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        for arg in spec.args:
+            if arg in PROVIDED or (arg not in allowed and named_only):
+                raise ConfigError(f"reward '{spec.name}' has no argument '{arg}'", file=source,
+                                  key=f"rewards[{i}].args.{arg}", value=arg, choices=allowed)  # fmt: skip
+        try:
+            check_calling_convention(REWARDS.get(spec.name), spec.args)
+        except TypeError as exc:
+            raise ConfigError(f"reward '{spec.name}' does not follow the reward calling convention "
+                              f"fn(traj, *, answers=..., hops=..., <args>) -> float | RewardOutput: {exc}",
+                              file=source, key=f"rewards[{i}].name", value=spec.name) from None  # fmt: skip

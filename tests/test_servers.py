@@ -1,0 +1,170 @@
+"""`serve-retriever` and `serve-model` on Starlette/uvicorn: limits, a JSON error for every bad request,
+timeouts, /health, concurrent requests batched into one call; and the clients' errors."""
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from searchrl.chat_server import make_chat_server
+from searchrl.data.corpus import load_corpus
+from searchrl.envs.retrievers.bm25 import BM25Retriever
+from searchrl.envs.retrievers.http import HTTPRetriever, RetrieverUnavailable, make_server
+from searchrl.models import load_model_and_tokenizer
+from searchrl.rollout.chat import LocalChat
+from tests.helpers import JSONHandler
+
+
+def call(url, body=None, method="POST", raw=None):
+    """(status, decoded JSON) of one request; every answer must be JSON."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+class Slow:
+    """A retriever that takes ``delay`` seconds per call and counts its calls."""
+
+    def __init__(self, inner, delay):
+        self.inner, self.delay, self.calls = inner, delay, 0
+
+    def search(self, queries, k):
+        self.calls += 1
+        time.sleep(self.delay)
+        return self.inner.search(queries, k)
+
+
+@pytest.fixture(scope="module")
+def bm25(fixtures):
+    return BM25Retriever(load_corpus(fixtures / "corpus.jsonl"))
+
+
+@pytest.fixture
+def retrieval(bm25):
+    server = make_server(
+        bm25, "127.0.0.1", 0, max_queries=8, max_query_chars=100, max_body_bytes=4096
+    ).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "body, status, message",
+    [({"queries": ["x"] * 9}, 400, "at most 8"), ({"queries": ["x" * 101]}, 400, "longer than 100"),
+     ({"queries": ["x"], "topk": -1}, 400, "'topk' must be an integer from 1 to 100"),
+     ({"queries": ["x"], "topk": 1.5}, 400, "'topk'"), ({"queries": ["x"], "topk": True}, 400, "'topk'"),
+     ({"queries": ["x"], "topk": 101}, 400, "'topk'"), ({"queries": "x"}, 400, "list of strings"),
+     ({"topk": 3}, 400, "list of strings"), ([1, 2], 400, "JSON object")],
+)  # fmt: skip
+def test_retriever_bad_requests_get_json_errors(retrieval, body, status, message):
+    code, answer = call(retrieval + "/retrieve", body)
+    assert code == status and message in answer["error"], answer
+
+
+def test_retriever_limits_nesting_paths_and_health(retrieval):
+    assert call(retrieval + "/retrieve", raw=b'{"queries": ["x"], "topk": Infinity}')[0] == 400
+    code, answer = call(retrieval + "/retrieve", raw=b"[" * 2000 + b"]" * 2000)  # under the body limit
+    assert code == 400 and "not JSON" in answer["error"]
+    code, answer = call(retrieval + "/retrieve", raw=json.dumps({"queries": ["x" * 90] * 60}).encode())
+    assert code == 413 and "4096 bytes" in answer["error"]
+    assert call(retrieval + "/nope", {"queries": []})[0] == 404
+    assert call(retrieval + "/retrieve", method="GET")[0] == 405
+    assert call(retrieval + "/retrieve", {"queries": []}) == (200, {"result": []})
+    code, health = call(retrieval + "/health", method="GET")
+    assert code == 200 and health["status"] == "ok"
+
+
+def test_concurrent_requests_are_batched_into_one_retriever_call(bm25):
+    slow = Slow(bm25, 0.2)
+    server = make_server(slow, "127.0.0.1", 0).start()
+    queries = [f"capital of France {i}" for i in range(32)]
+    try:
+        with ThreadPoolExecutor(32) as pool:
+            answers = list(
+                pool.map(lambda q: call(server.url + "/retrieve", {"queries": [q], "topk": 2}), queries)
+            )
+    finally:
+        server.stop()
+    assert all(code == 200 for code, _ in answers)
+    expected = bm25.search(queries, 2)
+    assert [[d["id"] for d in a["result"][0]] for _, a in answers] == [
+        [d.id for d in row] for row in expected
+    ]
+    assert slow.calls <= 6  # one call per wave of waiting requests, not 32
+
+
+def test_retriever_timeout_and_unequal_topk_in_one_batch(bm25):
+    server = make_server(Slow(bm25, 1.0), "127.0.0.1", 0, timeout=0.3).start()
+    try:
+        code, answer = call(server.url + "/retrieve", {"queries": ["x"]})
+    finally:
+        server.stop()
+    assert code == 504 and "timeout (0.3 s)" in answer["error"]
+    server = make_server(Slow(bm25, 0.2), "127.0.0.1", 0).start()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            a, b = pool.map(lambda k: call(server.url + "/retrieve", {"queries": ["capital of France"], "topk": k}),
+                            (1, 2))  # fmt: skip
+    finally:
+        server.stop()
+    assert len(a[1]["result"][0]) == 1 and len(b[1]["result"][0]) == 2
+
+
+def test_model_server_caps_and_refuses(tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    server = make_chat_server(LocalChat(model, tok), "tiny", "127.0.0.1", 0, max_tokens=4).start()
+    url = server.url + "/v1/chat/completions"
+    hello = [{"role": "user", "content": "Hello"}]
+    try:
+        t = time.perf_counter()
+        code, reply = call(url, {"messages": hello, "max_tokens": 5000})  # capped to the server's 4
+        assert code == 200 and time.perf_counter() - t < 20
+        assert len(tok(reply["choices"][0]["message"]["content"], add_special_tokens=False)["input_ids"]) <= 4
+        for body, message in (({"messages": hello, "max_tokens": 0}, "'max_tokens' must be an integer from 1"),
+                              ({"messages": [{"content": "hi"}]}, "messages[0] must be {role"),
+                              ({"messages": hello, "temperature": "hot"}, "'temperature'"),
+                              ({"messages": []}, "non-empty list")):  # fmt: skip
+            code, answer = call(url, body)
+            assert code == 400 and message in answer["error"]["message"], answer
+        assert call(server.url + "/v1/models", method="GET")[1]["data"][0]["id"] == "tiny"
+        assert call(server.url + "/health", method="GET")[1]["max_tokens"] == 4
+    finally:
+        server.stop()
+
+
+def scripted(status, payload):
+    class Handler(JSONHandler):
+        def do_POST(self):
+            self.read_json()
+            self.reply(status, payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+
+
+@pytest.mark.parametrize(
+    "status, payload, message, not_in",
+    [(500, {"error": "index shard missing"}, "HTTP 500 (index shard missing)", "Is it running"),
+     (400, {"error": "bad request: 'topk' must be an integer"}, "HTTP 400 (bad request: 'topk' must be", "Is it running"),
+     (200, {"result": "nope"}, "unexpected shape", "Is it running"),
+     (200, {"documents": []}, "unexpected shape (KeyError", "Is it running")],
+)  # fmt: skip
+def test_http_retriever_client_errors(status, payload, message, not_in):
+    server, url = scripted(status, payload)
+    try:
+        with pytest.raises(RetrieverUnavailable) as e:
+            HTTPRetriever(url, timeout=5, retries=1, backoff=0.01).search(["x"], 1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert message in str(e.value) and not_in not in str(e.value), str(e.value)

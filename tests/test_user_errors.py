@@ -1,0 +1,150 @@
+"""Every user error, in every command, is one clear message (naming the file, key or argument) with exit
+code 2 and no traceback; ``--debug`` shows the traceback."""
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from searchrl.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
+
+
+def fails(capsys, argv, *expected):
+    """``argv`` exits with code 2, printing one message (no traceback) that contains ``expected``."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert "Traceback" not in err and err.startswith("error: "), err
+    for part in expected:
+        assert part in err, err
+    return err
+
+
+def test_unreadable_configs(tmp_path, capsys):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    fails(capsys, ["train", str(bad)], str(bad), "UTF-8")
+    fails(capsys, ["train", str(tmp_path)], str(tmp_path), "directory")
+    base = tmp_path / "base.yaml"
+    base.write_text("base: 123\n")
+    fails(capsys, ["train", str(base)], str(base), "'base'")
+    fails(capsys, ["train", QUICKSTART, "output_dir=runs/{nme}"], "output_dir", "{nme}", "{name}")
+
+
+def test_reward_modules_are_checked_at_validate_time(tmp_path, capsys, monkeypatch):
+    (tmp_path / "broken_rewards.py").write_text("def score(traj:\n    return 1\n")
+    (tmp_path / "odd_rewards.py").write_text("def score(a, b, c):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module, why in (("broken_rewards", "SyntaxError"), ("odd_rewards", "calling convention")):
+        with pytest.raises(SystemExit) as e:
+            main(["validate", QUICKSTART, "--set", f"rewards=[{{name: '{module}:score'}}]"])
+        assert e.value.code == 1
+        err = capsys.readouterr().err
+        assert "rewards[0]" in err and f"{module}:score" in err and why in err, err
+        fails(capsys, ["train", QUICKSTART, f"rewards=[{{name: '{module}:score'}}]", f"output_dir={tmp_path}/r"],
+              "rewards[0]", why)  # fmt: skip
+    sys.modules.pop("broken_rewards", None)
+    sys.modules.pop("odd_rewards", None)
+
+
+def test_unknown_retriever_arguments(tmp_path, capsys, fixtures):
+    fails(capsys, ["train", QUICKSTART, "env.retriever.args={k1: 2, bogus: 1}", f"output_dir={tmp_path}"],
+          "env.retriever.args.bogus")  # fmt: skip
+    fails(capsys, ["index", "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(tmp_path / "i"),
+                   "--arg", "bogus=1"], "--arg bogus", "k1")  # fmt: skip
+
+
+def test_bad_data_files(tmp_path, capsys, fixtures):
+    empty, nojson, noid, latin = (
+        tmp_path / n for n in ("empty.jsonl", "nojson.jsonl", "noid.json", "l.jsonl")
+    )
+    empty.write_text("")
+    nojson.write_text('{"contents": "a"}\nnot json\n')
+    noid.write_text('[{"title": "a"}]')
+    latin.write_bytes('{"contents": "caf\xe9"}\n'.encode("latin-1"))
+    for corpus, why in ((empty, "no documents"), (nojson, "line 2"), (noid, "text"), (latin, "UTF-8")):
+        fails(capsys, ["index", "--corpus", str(corpus), "--out", str(tmp_path / "i")], str(corpus), why)
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "1", "answer": "x"}\n')
+    fails(capsys, ["eval", QUICKSTART, "--agent", "teacher", "--data", f"q={questions},{fixtures / 'corpus.jsonl'}",
+                   f"output_dir={tmp_path}/e"], str(questions), "cannot tell the format", "flashrag")  # fmt: skip
+    fails(capsys, ["eval", QUICKSTART, "--agent", "teacher", "--data", f"q={questions},{fixtures / 'corpus.jsonl'}",
+                   "--data-format", "flashrag", f"output_dir={tmp_path}/e"], str(questions), "row 0 needs 'question'")  # fmt: skip
+    hotpot = tmp_path / "h.json"
+    hotpot.write_text('[{"question": "q", "answer": "a", "supporting_facts": [], "context": []}]')
+    fails(capsys, ["eval", QUICKSTART, "--agent", "teacher", "--data", f"h={hotpot},{fixtures / 'corpus.jsonl'}",
+                   f"output_dir={tmp_path}/e"], str(hotpot), "not a hotpotqa question file", "'_id'")  # fmt: skip
+    fails(capsys, ["eval", QUICKSTART, "--agent", "teacher", "--data", f"q={empty},{fixtures / 'corpus.jsonl'}",
+                   f"output_dir={tmp_path}/e"], str(empty), "no questions")  # fmt: skip
+
+
+def test_bad_arguments(tmp_path, capsys, fixtures):
+    fails(capsys, ["eval", QUICKSTART, "--split", "validation", f"output_dir={tmp_path}", "eval.limit=2"],
+          "eval.split", "validation", "valid: dev, test, train")  # fmt: skip
+    fails(capsys, ["eval", QUICKSTART, "--model", str(tmp_path / "nope"), f"output_dir={tmp_path}", "eval.limit=2"],
+          "--model", str(tmp_path / "nope"))  # fmt: skip
+    fails(
+        capsys,
+        ["serve-retriever", "--corpus", str(fixtures / "corpus.jsonl"), "--port", "99999"],
+        "--port",
+        "99999",
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        fails(
+            capsys,
+            ["serve-retriever", "--corpus", str(fixtures / "corpus.jsonl"), "--port", port],
+            port,
+            "in use",
+        )
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(Exception) as e:
+        main(["--debug", "train", str(tmp_path)])
+    assert not isinstance(e.value, SystemExit)
+
+
+def test_a_reward_that_returns_none_or_raises_is_named(monkeypatch):
+    import types
+
+    from searchrl.config import RewardSpec
+    from searchrl.data.example import Example
+    from searchrl.errors import SearchRLError
+    from searchrl.rewards.pipeline import RewardPipeline
+    from searchrl.types import Segment, Trajectory
+
+    def boom(traj):
+        raise KeyError("gold")
+
+    mod = types.ModuleType("flaky_rewards")
+    mod.none, mod.boom = (lambda traj: None), boom  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flaky_rewards", mod)
+    traj = Trajectory(Example("q1", "who?", ("x",)), [Segment("prompt", [1])])
+    for name, why in (("flaky_rewards:none", "returned None"), ("flaky_rewards:boom", "KeyError")):
+        with pytest.raises(SearchRLError, match=f"reward '{name}'.*{why}"):
+            RewardPipeline([RewardSpec(name=name)])([traj])
+
+
+def test_one_key_value_parser_for_overrides_args_and_world_settings(tmp_path, capsys, fixtures):
+    fails(capsys, ["train", QUICKSTART, "env.topk"], "override must look like 'section.key=value'")
+    fails(
+        capsys,
+        ["world", "--out", str(tmp_path / "w"), "persons"],
+        "world setting must look like 'persons=200'",
+    )
+    fails(capsys, ["index", "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(tmp_path / "i"), "--arg", "k1"],
+          "--arg must look like 'key=value'")  # fmt: skip
+    fails(
+        capsys,
+        ["world", "--out", str(tmp_path / "w"), "persons=[1"],
+        "key 'persons': value is not valid YAML",
+    )
