@@ -42,13 +42,19 @@ async def _stream(host: str, port: int, path: str, bodies: list[bytes], deadline
             writer.write(head + body)
             await writer.drain()
             assert reader is not None
-            status = int((await reader.readline()).split()[1])
+            first = (await reader.readline()).split()
+            status, close = int(first[1]), first[0] == b"HTTP/1.0"
             length = 0
             while (line := await reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
+                name, _, value = line.partition(b":")
+                if name.lower() == b"content-length":
+                    length = int(value)
+                close |= name.lower() == b"connection" and value.strip().lower() == b"close"
             await reader.readexactly(length)
             out["ok" if status == 200 else "errors"] += 1
+            if close:  # a server without keep-alive: a new connection for the next request
+                writer.close()
+                reader = writer = None
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             out["errors"] += 1
             if writer is not None:
