@@ -12,6 +12,7 @@ RANK = {"core": 0, "config": 0, "models": 1, "envs": 2, "rollout": 3, "rewards":
 APP = {
     "cli",
     "experiment",
+    "plan",
     "rundir",
     "train",
     "eval",

@@ -136,65 +136,44 @@ def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, tr
 
 
 def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[str, Any]:
-    """``force``: start over in a run directory trained with another config (its results are deleted)."""
+    """Run `searchrl.plan.plan(exp)`: its stages, then its evaluations. ``force``: start over in a run
+    directory trained with another config (its results are deleted)."""
     from searchrl.engine.engine import distributed_state, wait_for_main
+    from searchrl.plan import BASE, plan
     from searchrl.rundir import check_run_dir, claim_run_dir
 
     state = distributed_state(exp.distributed.timeout)
-    if exp.algorithm is None:
-        raise ConfigError(
-            "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
-        )
-    algo = exp.algorithm.name
-    from searchrl.algorithms import ALGORITHMS
-
-    data_kind = getattr(ALGORITHMS.get(algo), "data", None)
+    p = plan(exp)
     rt = Runtime(exp)
     out = exp.out
-    ws = exp.warm_start
-    passes = ws.teacher_passes if ws else 1
-    # the main algorithm's offline data: collected process data (RAG-Gym), else the teacher for SFT
-    process = exp.process_data.out if data_kind else None
-    if data_kind == "pairs" and process is None:
-        raise ConfigError(f"algorithm '{algo}' trains on step-level preference pairs: set process_data.out to data "
-                          "from `searchrl collect-process-data`", key="process_data.out")  # fmt: skip
-    teacher_main = data_kind == "trajectories" and process is None
-    # the teacher warm start precedes every algorithm but teacher SFT itself
-    warm = ws is not None and not teacher_main
-    needs_records = teacher_main or (warm and ws is not None and ws.checkpoint is None)
     records = None
     check_run_dir(exp, force)  # every process reads it: they refuse together
     if state.is_main_process:  # build the world, the local model and the teacher data once
         claim_run_dir(exp, force)
         local_model_dir(rt)
-        if needs_records:
-            records = teacher_sft_records(rt, passes)
+        if p.teacher_passes:
+            records = teacher_sft_records(rt, p.teacher_passes)
     wait_for_main(state)
-    if needs_records and records is None:  # the other processes read what the main one cached
-        records = teacher_sft_records(rt, passes)
-    main_records = records if teacher_main else None
-    if process is not None:
-        from searchrl.process_data import load_pairs, load_sft
+    if p.teacher_passes and records is None:  # the other processes read what the main one cached
+        records = teacher_sft_records(rt, p.teacher_passes)
+    models: dict[str, Path] = {BASE: local_model_dir(rt)}
+    for stage in p.stages:
+        data = records if stage.data == "teacher" else None
+        if stage.data.startswith("process-") and p.process_data is not None:
+            from searchrl.process_data import load_pairs, load_sft
 
-        main_records = load_pairs(process) if data_kind == "pairs" else load_sft(process)
-    base = local_model_dir(rt)
-    stages: dict[str, Path] = {"untrained": base}
-    start = base
-    if warm and ws is not None:
-        if ws.checkpoint is not None:
-            start = Path(ws.checkpoint)
-        else:
-            start = run_stage(rt, "sft", ws.args, base, ws.trainer, out / "sft", records, resume)
-        stages["sft"] = start
-    final = run_stage(rt, algo, exp.algorithm.args, start, exp.trainer, out, main_records, resume)
-    if algo != "prm":  # a PRM is not a policy: it is evaluated guiding the start policy below
-        stages[algo if algo not in stages else f"{algo} (process data)"] = final
+            data = (load_pairs if stage.data == "process-pairs" else load_sft)(p.process_data)
+        start = models.get(stage.start, Path(stage.start))
+        models[stage.name] = run_stage(
+            rt, stage.algorithm, stage.args, start, stage.trainer, stage.out, data, resume
+        )
     results: dict[str, Any] = {}
-    for name, path in stages.items():  # every process evaluates its shard
-        results[name] = evaluate_final(rt, path, f"{name}-{exp.eval.split}", state)
-    if algo == "prm":
-        for n in exp.eval.best_of:
-            results[f"prm best-of-{n}"] = evaluate_best_of_n(rt, start, final, n, state)
+    for ev in p.evaluations:  # every process evaluates its shard
+        model = models.get(ev.model, Path(ev.model))
+        if ev.guide is None:
+            results[ev.name] = evaluate_final(rt, model, f"{ev.name}-{exp.eval.split}", state)
+        else:
+            results[ev.name] = evaluate_best_of_n(rt, model, models[ev.guide], ev.n, state)
     if state.is_main_process:
         from searchrl.eval import markdown_table
 

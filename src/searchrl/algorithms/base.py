@@ -39,6 +39,7 @@ class Algorithm(ABC):
     value_head: ClassVar[bool] = False  # actor-critic: the policy carries a value head (`PolicyWithValue`)
     needs_process_reward: ClassVar[bool] = False  # the experiment must configure a per-step reward
     pairwise: ClassVar[bool] = False  # rows come in (chosen, rejected) pairs that share a micro-batch
+    policy: ClassVar[bool] = True  # the trained model acts (False: a scorer, evaluated guiding a policy)
     data: ClassVar[str | None] = None  # offline data: "trajectories" (SFT records) or "pairs" (process data)
 
     def __init__(self, config: Any, ctx: Context) -> None:

@@ -35,6 +35,7 @@ def prm_loss(score_c: torch.Tensor, score_r: torch.Tensor) -> torch.Tensor:
 class PRM(PairwiseAlgorithm):
     Config = PRMConfig
     value_head = True
+    policy = False  # evaluated as best-of-N guidance of the policy it started from
 
     @classmethod
     def param_groups(cls, config: Any, model: torch.nn.Module, lr: float) -> list[dict[str, Any]]:

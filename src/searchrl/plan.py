@@ -1,0 +1,88 @@
+"""What `searchrl train` will do, as data: `plan(experiment)` returns the training stages (each with its
+algorithm, data source and starting model) and the evaluations, without loading anything.
+
+    warm start (SFT on the teacher, or a given checkpoint) -> the algorithm -> evaluations
+
+- SFT itself on the teacher needs no warm start; SFT, DPO and the PRM read collected process data
+  (``process_data.out``) when it is set (DPO and the PRM always need it).
+- Every policy is evaluated on ``eval.split``: the untrained model, the warm start, the trained one. A
+  PRM is a scorer, not a policy: it is evaluated guiding the start policy, best-of-N for each N in
+  ``eval.best_of`` (RAG-Gym Algorithm 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from searchrl.config import Experiment, TrainerConfig
+from searchrl.errors import ConfigError
+
+BASE, WARM = "base", "sft"  # the names of the start models a stage or an evaluation may refer to
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # the stage's own name, the key its trained model is known by
+    algorithm: str
+    args: dict[str, Any]
+    trainer: TrainerConfig
+    out: Path  # the stage's directory (checkpoints/, final/, metrics.jsonl)
+    start: str  # BASE, WARM, or a model directory
+    data: Literal["online", "teacher", "process-trajectories", "process-pairs"]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    name: str  # the row of the results table
+    model: str  # BASE, WARM, a stage's name, or a model directory
+    guide: str | None = None  # a scorer stage's name: best-of-N of ``model`` guided by it
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[Stage, ...]
+    evaluations: tuple[Evaluation, ...]
+    teacher_passes: int  # teacher data to build first (0: none)
+    process_data: str | None  # collected process data the main stage reads
+
+
+def plan(exp: Experiment) -> Plan:
+    from searchrl.algorithms import ALGORITHMS
+
+    if exp.algorithm is None:
+        raise ConfigError(
+            "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
+        )
+    algo = exp.algorithm.name
+    cls = ALGORITHMS.get(algo)
+    kind = getattr(cls, "data", None)  # None (online), "trajectories" or "pairs"
+    process = exp.process_data.out if kind else None
+    if kind == "pairs" and process is None:
+        raise ConfigError(f"algorithm '{algo}' trains on step-level preference pairs: set process_data.out to data "
+                          "from `searchrl collect-process-data`", key="process_data.out")  # fmt: skip
+    ws = exp.warm_start
+    teacher_main = kind == "trajectories" and process is None
+    warm = ws is not None and not teacher_main  # the teacher warm start precedes all but teacher SFT itself
+    stages: list[Stage] = []
+    evaluations = [Evaluation("untrained", BASE)]
+    start = BASE
+    teacher_passes = ws.teacher_passes if (teacher_main and ws) else (1 if teacher_main else 0)
+    if warm and ws is not None:
+        if ws.checkpoint is not None:
+            start = str(ws.checkpoint)
+        else:
+            stages.append(Stage(WARM, "sft", dict(ws.args), ws.trainer, exp.out / "sft", BASE, "teacher"))
+            start = WARM
+            teacher_passes = ws.teacher_passes
+        evaluations.append(Evaluation(WARM, start))
+    data = "online" if kind is None else "teacher" if teacher_main else f"process-{kind}"
+    name = algo if algo != WARM or not warm else f"{algo} (process data)"
+    stages.append(Stage(name, algo, dict(exp.algorithm.args), exp.trainer, exp.out, start, data))  # type: ignore[arg-type]
+    if getattr(cls, "policy", True):
+        evaluations.append(Evaluation(name, name))
+    else:
+        evaluations += [Evaluation(f"{algo} best-of-{n}", start, guide=name, n=n) for n in exp.eval.best_of]
+    return Plan(tuple(stages), tuple(evaluations), teacher_passes, str(process) if process else None)
