@@ -105,7 +105,9 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
                 hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only")  # fmt: skip
     if exp.warm_start is not None:  # the SFT warm start's arguments, under their own key
-        from_dict_checked(ALGORITHMS.get("sft").Config, exp.warm_start.args, source, "warm_start.args")
+        from searchrl.algorithms.sft import SFTConfig
+
+        from_dict_checked(SFTConfig, exp.warm_start.args, source, "warm_start.args")
     from searchrl.envs.retrievers import retriever_arguments
 
     known = retriever_arguments(exp.env.retriever.name)
