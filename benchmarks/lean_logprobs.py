@@ -36,8 +36,15 @@ def one(a: argparse.Namespace) -> dict[str, float]:
     from searchrl.models.policy import forward, forward_lean
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 4,
-                      num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=a.hidden * 4,
+        num_hidden_layers=a.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = add_lean_head(Qwen2ForCausalLM(cfg))
     ids = torch.randint(0, a.vocab, (1, a.tokens))
     attention = torch.ones_like(ids)
@@ -82,12 +89,20 @@ def main() -> None:
     rows = {}
     for variant in ("full", "lean"):
         args = [a for a in sys.argv[1:] if not a.startswith("--out")]
-        proc = subprocess.run([sys.executable, __file__, *args, "--variant", variant], capture_output=True, text=True,
-                              check=True)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, __file__, *args, "--variant", variant],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
     head = f"V={a.vocab}, T={a.tokens}, hidden {a.hidden}, {a.layers} layers, {a.action_fraction:.0%} action tokens"
-    lines = [f"# Log-prob pass of one training step (forward + backward), {head}", "",
-             "| path | seconds | peak RSS (MB) | peak above the model (MB) |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Log-prob pass of one training step (forward + backward), {head}",
+        "",
+        "| path | seconds | peak RSS (MB) | peak above the model (MB) |",
+        "|---|---|---|---|",
+    ]
     for k, r in rows.items():
         lines.append(
             f"| {k} logits | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | {r['step_peak_mb']:.0f} |"

@@ -92,9 +92,19 @@ def main() -> None:
             for variant, (algo, extra, trained) in VARIANTS.items():
                 out = Path(f"{tag}-{variant}")
                 if not (out / "results.json").exists():
-                    run([*sx, "train", str(cfg / f"{CONFIGS[design]}_{algo}.yaml"), f"name={out.name}",
-                         f"warm_start.checkpoint={base}", f"eval.best_of_temperature={args.temperature}", *common,
-                         *extra, *args.overrides])  # fmt: skip
+                    run(
+                        [
+                            *sx,
+                            "train",
+                            str(cfg / f"{CONFIGS[design]}_{algo}.yaml"),
+                            f"name={out.name}",
+                            f"warm_start.checkpoint={base}",
+                            f"eval.best_of_temperature={args.temperature}",
+                            *common,
+                            *extra,
+                            *args.overrides,
+                        ]
+                    )
                 for stage, m in stage_metrics(out).items():
                     if stage == "untrained" or (stage == "sft" and variant != "sft"):
                         continue  # the base policy ("sft": the warm start) is reported once
@@ -106,10 +116,14 @@ def main() -> None:
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
         return f"{statistics.mean(vals):.3f} ± {sd:.3f}"
 
-    lines = [f"From one base policy ({args.base}); test split; mean ± std over seeds {args.seeds}; "
-             f"process data from {args.questions} training questions per seed; best-of-N candidates sampled at "
-             f"temperature {args.temperature}.", "",
-             "| design | method | EM | F1 |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"From one base policy ({args.base}); test split; mean ± std over seeds {args.seeds}; "
+        f"process data from {args.questions} training questions per seed; best-of-N candidates sampled at "
+        f"temperature {args.temperature}.",
+        "",
+        "| design | method | EM | F1 |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {k} | {cell(v['em'])} | {cell(v['f1'])} |" for k, v in rows.items()]
     lines += ["", "| design | kept episodes | annotated steps | pairs |", "|---|---|---|---|"]
     for design, counts in data_counts.items():

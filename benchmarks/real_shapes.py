@@ -34,10 +34,34 @@ def main() -> None:
 
         build_local_model("qwen2.5-0.5b", [], model, tokenizer="qwen2.5")
         print(f"built the Qwen2.5-0.5B-shape model in {model}")
-    cmd = [sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), "--model", str(model), "--device", "cpu",
-           "--algorithms", *a.algorithms, "--layouts", *a.layouts, "--modes", *a.modes, "--backends", "hf",
-           "--steps", str(a.steps), "--questions", "1", "--micro-batch", "2", "--max-new-tokens", "24",
-           "--max-total-tokens", "384", "--tag", "real_shapes"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "gpu_smoke.py"),
+        "--model",
+        str(model),
+        "--device",
+        "cpu",
+        "--algorithms",
+        *a.algorithms,
+        "--layouts",
+        *a.layouts,
+        "--modes",
+        *a.modes,
+        "--backends",
+        "hf",
+        "--steps",
+        str(a.steps),
+        "--questions",
+        "1",
+        "--micro-batch",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--max-total-tokens",
+        "384",
+        "--tag",
+        "real_shapes",
+    ]
     raise SystemExit(subprocess.run(cmd).returncode)
 
 

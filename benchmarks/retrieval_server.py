@@ -37,8 +37,10 @@ async def _stream(host: str, port: int, path: str, bodies: list[bytes], deadline
         try:
             if writer is None:
                 reader, writer = await asyncio.open_connection(host, port)
-            head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
             writer.write(head + body)
             await writer.drain()
             assert reader is not None
@@ -69,11 +71,26 @@ async def _load(url: str, bodies: list[bytes], concurrency: int, seconds: float)
     out = {"ok": 0, "errors": 0}
     deadline = time.perf_counter() + seconds
     t = time.perf_counter()
-    await asyncio.gather(*(_stream(u.hostname or "127.0.0.1", u.port or 80, u.path, bodies[j::concurrency] or bodies,
-                                   deadline, out) for j in range(concurrency)))  # fmt: skip
+    await asyncio.gather(
+        *(
+            _stream(
+                u.hostname or "127.0.0.1",
+                u.port or 80,
+                u.path,
+                bodies[j::concurrency] or bodies,
+                deadline,
+                out,
+            )
+            for j in range(concurrency)
+        )
+    )
     dt = time.perf_counter() - t
-    return {"concurrency": concurrency, "requests_per_s": out["ok"] / dt, "errors": out["errors"],
-            "requests": out["ok"] + out["errors"]}  # fmt: skip
+    return {
+        "concurrency": concurrency,
+        "requests_per_s": out["ok"] / dt,
+        "errors": out["errors"],
+        "requests": out["ok"] + out["errors"],
+    }
 
 
 def _free_port() -> int:
@@ -133,9 +150,23 @@ def main() -> None:
     if url is None:
         port = _free_port()
         url = f"http://127.0.0.1:{port}/retrieve"
-        proc = subprocess.Popen([sys.executable, "-m", "searchrl", "serve-retriever", "--corpus", corpus, "--port",
-                                 str(port), "--arg", "method=lucene"], env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "searchrl",
+                "serve-retriever",
+                "--corpus",
+                corpus,
+                "--port",
+                str(port),
+                "--arg",
+                "method=lucene",
+            ],
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
     try:
         _wait(url, proc)
         one = [json.dumps({"queries": [q], "topk": 3}).encode() for q in questions]
@@ -143,23 +174,34 @@ def main() -> None:
         for c in args.concurrency:
             r = asyncio.run(_load(url, one, c, args.seconds))
             rows.append({**r, "queries_per_request": 1})
-            print(f"concurrency {c:>3}, 1 query per request: {r['requests_per_s']:8.0f} requests/s, "
-                  f"{r['errors']} errors", flush=True)  # fmt: skip
+            print(
+                f"concurrency {c:>3}, 1 query per request: {r['requests_per_s']:8.0f} requests/s, "
+                f"{r['errors']} errors",
+                flush=True,
+            )
         many = [
             json.dumps({"queries": questions[i : i + 64], "topk": 3}).encode() for i in range(0, 64 * 20, 64)
         ]
         for c in (1, 4):
             r = asyncio.run(_load(url, many, c, args.seconds))
             rows.append({**r, "queries_per_request": 64, "queries_per_s": r["requests_per_s"] * 64})
-            print(f"concurrency {c:>3}, 64 queries per request: {r['requests_per_s'] * 64:8.0f} queries/s, "
-                  f"{r['errors']} errors", flush=True)  # fmt: skip
+            print(
+                f"concurrency {c:>3}, 64 queries per request: {r['requests_per_s'] * 64:8.0f} queries/s, "
+                f"{r['errors']} errors",
+                flush=True,
+            )
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=10)
-    result = {"documents": len(docs), "in_process_queries_per_s": {"single": single, "batch_of_64": batched},
-              "server": url if args.url else "searchrl serve-retriever (bm25)", "rows": rows,
-              "cpu_count": os.cpu_count(), "note": "client and server on the same machine"}  # fmt: skip
+    result = {
+        "documents": len(docs),
+        "in_process_queries_per_s": {"single": single, "batch_of_64": batched},
+        "server": url if args.url else "searchrl serve-retriever (bm25)",
+        "rows": rows,
+        "cpu_count": os.cpu_count(),
+        "note": "client and server on the same machine",
+    }
     print(
         f"in process: {single:.0f} queries/s one at a time, {batched:.0f} queries/s in batches of 64 "
         f"({len(docs)} documents)"

@@ -62,13 +62,28 @@ def main() -> None:
             mask[i, L - len(x) :] = 1
         t = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=per_seq, min_new_tokens=per_seq,
-                                 do_sample=True, temperature=params.temperature, pad_token_id=tok.pad_token_id)  # fmt: skip
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=per_seq,
+                min_new_tokens=per_seq,
+                do_sample=True,
+                temperature=params.temperature,
+                pad_token_id=tok.pad_token_id,
+            )
         plain_s = time.perf_counter() - t
         plain_tokens = (out.shape[1] - L) * len(prompts)
-        rows.append({"loop_tokens": n_tokens, "loop_s": loop_s, "loop_tok_s": n_tokens / loop_s,
-                     "plain_tokens": plain_tokens, "plain_s": plain_s, "plain_tok_s": plain_tokens / plain_s,
-                     "turns_per_episode": stats.actions / max(stats.episodes, 1)})  # fmt: skip
+        rows.append(
+            {
+                "loop_tokens": n_tokens,
+                "loop_s": loop_s,
+                "loop_tok_s": n_tokens / loop_s,
+                "plain_tokens": plain_tokens,
+                "plain_s": plain_s,
+                "plain_tok_s": plain_tokens / plain_s,
+                "turns_per_episode": stats.actions / max(stats.episodes, 1),
+            }
+        )
     best = {k: max(r[k] for r in rows) for k in ("loop_tok_s", "plain_tok_s")}
     ratio = best["loop_tok_s"] / best["plain_tok_s"]
     print(f"batch {args.batch}, model {args.model}, KV reuse across turns: {not args.no_reuse}")
@@ -76,8 +91,10 @@ def main() -> None:
         "| run | loop tokens | loop tok/s | plain tokens | plain tok/s | turns/episode |\n|---|---|---|---|---|---|"
     )
     for i, r in enumerate(rows):
-        print(f"| {i} | {r['loop_tokens']} | {r['loop_tok_s']:.0f} | {r['plain_tokens']} | {r['plain_tok_s']:.0f} | "
-              f"{r['turns_per_episode']:.2f} |")  # fmt: skip
+        print(
+            f"| {i} | {r['loop_tokens']} | {r['loop_tok_s']:.0f} | {r['plain_tokens']} | {r['plain_tok_s']:.0f} | "
+            f"{r['turns_per_episode']:.2f} |"
+        )
     print(f"best loop / best plain = {ratio:.2f} (target >= 0.8)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

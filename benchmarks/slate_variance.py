@@ -80,8 +80,10 @@ def main() -> None:
         R = []
         for tr in group:
             st = tr.state
-            items = [(JudgeItem(prefix_state(st, t), st.actions[t], st.infos[t], tuple(st.retrieved[t])), t + 1)
-                     for t in range(len(st.actions))]  # fmt: skip
+            items = [
+                (JudgeItem(prefix_state(st, t), st.actions[t], st.infos[t], tuple(st.retrieved[t])), t + 1)
+                for t in range(len(st.actions))
+            ]
             R.append(sum(score(items)))
             steps_of[ex.n_hops].append(len(st.actions))
         mean = sum(R) / len(R)
@@ -113,8 +115,20 @@ def main() -> None:
             group = [k for k in kids[g * args.k : (g + 1) * args.k] if len(k.state.actions) > t]
             if len(group) < 2:
                 continue
-            r = score([(JudgeItem(prefix_state(k.state, t), k.state.actions[t], k.state.infos[t],
-                                  tuple(k.state.retrieved[t])), t + 1) for k in group])  # fmt: skip
+            r = score(
+                [
+                    (
+                        JudgeItem(
+                            prefix_state(k.state, t),
+                            k.state.actions[t],
+                            k.state.infos[t],
+                            tuple(k.state.retrieved[t]),
+                        ),
+                        t + 1,
+                    )
+                    for k in group
+                ]
+            )
             mean = sum(r) / len(r)
             trunc_sq[examples[q].n_hops] += [(x - mean) ** 2 for x in r]
     rows = {}
@@ -126,8 +140,14 @@ def main() -> None:
         T = statistics.mean(steps_of[h])
         vg, vt = statistics.mean(grpo_sq[h]), statistics.mean(trunc_sq[h]) if trunc_sq[h] else float("nan")
         ratio = vt / vg if vg > 0 else float("nan")
-        rows[h] = {"steps": T, "grpo_var": vg, "truncated_var": vt, "ratio": ratio, "bound": 1 / T,
-                   "questions": len(grpo_sq[h]) // args.k}  # fmt: skip
+        rows[h] = {
+            "steps": T,
+            "grpo_var": vg,
+            "truncated_var": vt,
+            "ratio": ratio,
+            "bound": 1 / T,
+            "questions": len(grpo_sq[h]) // args.k,
+        }
         print(f"| {h} | {T:.2f} | {vg:.3f} | {vt:.3f} | {ratio:.3f} | {1 / T:.3f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,10 +32,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def ours(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[float]:
-    cfg = TrainerConfig(steps=steps, batch_size=questions, micro_batch_size=micro, lr=1e-4, save_every=10**9,
-                        log_entropy=False)  # fmt: skip
-    tr = Trainer(algorithm="grpo", algorithm_args={"kl_coef": 0.001}, model_path=model, cfg=cfg,
-                 out_dir=Path(tempfile.mkdtemp()), runtime=rt, seed=0)  # fmt: skip
+    cfg = TrainerConfig(
+        steps=steps,
+        batch_size=questions,
+        micro_batch_size=micro,
+        lr=1e-4,
+        save_every=10**9,
+        log_entropy=False,
+    )
+    tr = Trainer(
+        algorithm="grpo",
+        algorithm_args={"kl_coef": 0.001},
+        model_path=model,
+        cfg=cfg,
+        out_dir=Path(tempfile.mkdtemp()),
+        runtime=rt,
+        seed=0,
+    )
     times = []
     for s in range(steps):
         t = time.perf_counter()
@@ -62,8 +75,9 @@ def trl(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[flo
         unique = len(set(prompts)) == len(prompts)
         exs = [by_prompt[p] for p in prompts]
         gen = HFGenerator(trainer.model, trainer.processing_class, env.tags.stop_strings, batch_size=128)
-        trajs, _ = rollout(exs, env, gen, trainer.processing_class, params, G if unique else 1,
-                           exp.rollout.max_total_tokens)  # fmt: skip
+        trajs, _ = rollout(
+            exs, env, gen, trainer.processing_class, params, G if unique else 1, exp.rollout.max_total_tokens
+        )
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "em": []}
         for t in trajs:
             out["prompt_ids"].append(t.segments[0].token_ids)
@@ -91,13 +105,32 @@ def trl(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[flo
             times.append(time.perf_counter() - self.t)
 
     ds = Dataset.from_list([{"prompt": p} for p in by_prompt])
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=micro,
-                      gradient_accumulation_steps=questions * G // micro, num_generations=G,
-                      max_completion_length=exp.rollout.max_total_tokens, learning_rate=1e-4, beta=0.001,
-                      temperature=exp.rollout.temperature, max_steps=steps, logging_steps=1, save_strategy="no",
-                      report_to=[], use_cpu=True, bf16=False, disable_tqdm=True, seed=0)  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=[em_reward], args=args, train_dataset=ds,
-                          rollout_func=rollout_func, callbacks=[Timer()])  # fmt: skip
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=questions * G // micro,
+        num_generations=G,
+        max_completion_length=exp.rollout.max_total_tokens,
+        learning_rate=1e-4,
+        beta=0.001,
+        temperature=exp.rollout.temperature,
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[em_reward],
+        args=args,
+        train_dataset=ds,
+        rollout_func=rollout_func,
+        callbacks=[Timer()],
+    )
     trainer.train()
     return times
 

@@ -31,10 +31,19 @@ def build(tokenizer_dir: str, hidden: int, layers: int, out: Path) -> str:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                      num_key_value_heads=max(1, hidden // 256), intermediate_size=hidden * 11 // 4,
-                      max_position_embeddings=2048, tie_word_embeddings=True,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        intermediate_size=hidden * 11 // 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
     model.save_pretrained(out)
@@ -56,8 +65,12 @@ def main() -> None:
 
     model_dir = args.model
     if args.build_hidden:
-        model_dir = build(args.model, args.build_hidden, args.build_layers,
-                          Path("/tmp") / f"bench-qwen2-h{args.build_hidden}-l{args.build_layers}")  # fmt: skip
+        model_dir = build(
+            args.model,
+            args.build_hidden,
+            args.build_layers,
+            Path("/tmp") / f"bench-qwen2-h{args.build_hidden}-l{args.build_layers}",
+        )
     exp = load_experiment(args.config)
     rt = Runtime(exp)
     env = rt.env()
@@ -66,9 +79,18 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     examples = rt.examples("test")[: args.batch]
     params = SamplingParams(exp.rollout.temperature, 1.0, exp.rollout.max_new_tokens)
-    backends = {"hf": HFGenerator(model, tok, env.tags.stop_strings, batch_size=args.batch),
-                "vllm": VLLMGenerator(model, tok, env.tags.stop_strings, batch_size=args.batch, gpu_memory_utilization=0.3,
-                                      dtype="float32", max_model_len=exp.rollout.max_total_tokens)}  # fmt: skip
+    backends = {
+        "hf": HFGenerator(model, tok, env.tags.stop_strings, batch_size=args.batch),
+        "vllm": VLLMGenerator(
+            model,
+            tok,
+            env.tags.stop_strings,
+            batch_size=args.batch,
+            gpu_memory_utilization=0.3,
+            dtype="float32",
+            max_model_len=exp.rollout.max_total_tokens,
+        ),
+    }
     rows = []
     for name, gen in backends.items():
         rollout(examples[:4], env, gen, tok, params, 1, exp.rollout.max_total_tokens)  # warm-up (compilation)
@@ -77,8 +99,15 @@ def main() -> None:
             t = time.perf_counter()
             _, stats = rollout(examples, env, gen, tok, params, 1, exp.rollout.max_total_tokens)
             s = time.perf_counter() - t
-            rows.append({"backend": name, "tokens": stats.tokens_generated, "seconds": s,
-                         "tok_s": stats.tokens_generated / s, "turns": stats.actions / max(stats.episodes, 1)})  # fmt: skip
+            rows.append(
+                {
+                    "backend": name,
+                    "tokens": stats.tokens_generated,
+                    "seconds": s,
+                    "tok_s": stats.tokens_generated / s,
+                    "turns": stats.actions / max(stats.episodes, 1),
+                }
+            )
     print(
         f"model {model_dir} ({n_params / 1e6:.1f}M parameters), batch {args.batch}, {torch.get_num_threads()} threads"
     )
@@ -90,8 +119,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"h{args.build_hidden}-l{args.build_layers}" if args.build_hidden else "small"
-    (out / f"vllm_rollout-{tag}-b{args.batch}.json").write_text(json.dumps({"model": model_dir, "params": n_params,
-                                                                             "rows": rows}, indent=1))  # fmt: skip
+    (out / f"vllm_rollout-{tag}-b{args.batch}.json").write_text(
+        json.dumps({"model": model_dir, "params": n_params, "rows": rows}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,23 @@ def main() -> None:
                 "OMP_NUM_THREADS": "1",
                 **extra,
             }
-            cmd = [accelerate, "launch", "--config_file", str(REPO / "experiments" / "accelerate" / cfg),
-                   "--main_process_port", "0", str(CHECK), "--world", a.world, "--model", a.model, "--out", str(out),
-                   "--case", case]  # fmt: skip
+            cmd = [
+                accelerate,
+                "launch",
+                "--config_file",
+                str(REPO / "experiments" / "accelerate" / cfg),
+                "--main_process_port",
+                "0",
+                str(CHECK),
+                "--world",
+                a.world,
+                "--model",
+                a.model,
+                "--out",
+                str(out),
+                "--case",
+                case,
+            ]
             subprocess.run(cmd, env=env, check=True, capture_output=True)
             logged = pickle.loads((out / case / "rank0.pkl").read_bytes())["logged"]
             res.setdefault(name, []).append(logged[0]["time/step_s"])

@@ -37,8 +37,17 @@ def small_world():
     """A small synthetic world shared by the tests (generated in well under a second)."""
     from searchrl.envs.synthetic.world import World, WorldConfig
 
-    cfg = WorldConfig(seed=1, persons=120, cities=40, countries=6, films=50, companies=30, universities=15,
-                      bands=20, questions=(400, 60, 120))  # fmt: skip
+    cfg = WorldConfig(
+        seed=1,
+        persons=120,
+        cities=40,
+        countries=6,
+        films=50,
+        companies=30,
+        universities=15,
+        bands=20,
+        questions=(400, 60, 120),
+    )
     return World.generate(cfg)
 
 
@@ -80,10 +89,22 @@ def make_exp(world_dir, tiny_model_dir, tmp_path):
     from searchrl.experiment import load_experiment
 
     def make(*overrides: str):
-        return load_experiment(None, [f"data.world_dir={world_dir}", f"model.path={tiny_model_dir}",
-                                      f"output_dir={tmp_path / 'run'}", "env.template=short", "env.topk=2",
-                                      "env.max_turns=3", "rollout.max_new_tokens=16", "rollout.max_total_tokens=256",
-                                      "rollout.group_size=4", "rewards=[{name: f1}]", *overrides])  # fmt: skip
+        return load_experiment(
+            None,
+            [
+                f"data.world_dir={world_dir}",
+                f"model.path={tiny_model_dir}",
+                f"output_dir={tmp_path / 'run'}",
+                "env.template=short",
+                "env.topk=2",
+                "env.max_turns=3",
+                "rollout.max_new_tokens=16",
+                "rollout.max_total_tokens=256",
+                "rollout.group_size=4",
+                "rewards=[{name: f1}]",
+                *overrides,
+            ],
+        )
 
     return make
 
@@ -100,13 +121,29 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
     from searchrl.runtime import Runtime
 
     out = tmp_path_factory.mktemp("agent_model")
-    exp = load_experiment(None, [f"data.world_dir={world_dir}", f"model.path={tiny_model_dir}", f"output_dir={out}",
-                                 "env.template=short", "env.topk=2", "env.max_turns=3"])  # fmt: skip
+    exp = load_experiment(
+        None,
+        [
+            f"data.world_dir={world_dir}",
+            f"model.path={tiny_model_dir}",
+            f"output_dir={out}",
+            "env.template=short",
+            "env.topk=2",
+            "env.max_turns=3",
+        ],
+    )
     rt = Runtime(exp)
     records = teacher_records(rt.env(), rt.world, rt.examples("train")[:200], TeacherConfig())
     cfg = TrainerConfig(steps=30, batch_size=16, micro_batch_size=16, lr=1e-2, save_every=10**6)
-    tr = Trainer(algorithm="sft", algorithm_args={}, model_path=tiny_model_dir, cfg=cfg, out_dir=out, runtime=rt,
-                 records=records)  # fmt: skip
+    tr = Trainer(
+        algorithm="sft",
+        algorithm_args={},
+        model_path=tiny_model_dir,
+        cfg=cfg,
+        out_dir=out,
+        runtime=rt,
+        records=records,
+    )
     return tr.run()
 
 

@@ -7,8 +7,17 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "searchrl"
-RANK = {"core": 0, "config": 0, "models": 1, "envs": 2, "rollout": 3, "rewards": 4, "algorithms": 5, "engine": 6,
-        "app": 7}  # fmt: skip
+RANK = {
+    "core": 0,
+    "config": 0,
+    "models": 1,
+    "envs": 2,
+    "rollout": 3,
+    "rewards": 4,
+    "algorithms": 5,
+    "engine": 6,
+    "app": 7,
+}
 APP = {
     "cli",
     "experiment",

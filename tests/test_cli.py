@@ -10,9 +10,16 @@ import pytest
 from searchrl.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["data.world.persons=80", "data.world.cities=30", "data.world.films=30", "data.world.companies=20",
-         "data.world.universities=10", "data.world.bands=15", "data.world.countries=5",
-         "data.world.questions=[100, 30, 60]"]  # fmt: skip
+SMALL = [
+    "data.world.persons=80",
+    "data.world.cities=30",
+    "data.world.films=30",
+    "data.world.companies=20",
+    "data.world.universities=10",
+    "data.world.bands=15",
+    "data.world.countries=5",
+    "data.world.questions=[100, 30, 60]",
+]
 
 
 def test_world_command_is_deterministic(tmp_path, capsys):
@@ -46,8 +53,18 @@ def test_validate(tmp_path, capsys):
 
 def test_eval_teacher_writes_results_and_resolved_config(tmp_path, capsys):
     out = tmp_path / "run"
-    main(["eval", str(REPO / "experiments" / "quickstart.yaml"), "--agent", "teacher", f"output_dir={out}",
-          "teacher.noisy=false", "env.topk=3", *SMALL])  # fmt: skip
+    main(
+        [
+            "eval",
+            str(REPO / "experiments" / "quickstart.yaml"),
+            "--agent",
+            "teacher",
+            f"output_dir={out}",
+            "teacher.noisy=false",
+            "env.topk=3",
+            *SMALL,
+        ]
+    )
     printed = capsys.readouterr().out
     assert "| eval-teacher-test | 60 | 1.000 |" in printed
     metrics = json.loads((out / "eval-teacher-test.json").read_text())
@@ -58,8 +75,18 @@ def test_eval_teacher_writes_results_and_resolved_config(tmp_path, capsys):
 
 def test_teacher_command(tmp_path, capsys):
     out = tmp_path / "sft.jsonl"
-    main(["teacher", str(REPO / "experiments" / "quickstart.yaml"), "--split", "train", "--out", str(out),
-          f"output_dir={tmp_path}", *SMALL])  # fmt: skip
+    main(
+        [
+            "teacher",
+            str(REPO / "experiments" / "quickstart.yaml"),
+            "--split",
+            "train",
+            "--out",
+            str(out),
+            f"output_dir={tmp_path}",
+            *SMALL,
+        ]
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 100 and all(r["actions"] for r in rows)
     assert 0.75 <= sum(r["renamed"] for r in rows) / len(rows) <= 1.0  # rename_prob 0.9 in the quickstart
@@ -73,8 +100,10 @@ def test_index_then_serve_over_http(tmp_path, fixtures):
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "searchrl", "serve-retriever", "--index", str(idx), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         from searchrl.envs.retrievers.http import HTTPRetriever, RetrieverUnavailable
 
@@ -107,10 +136,22 @@ def test_unknown_override_argument_is_rejected(capsys):
 
 def test_eval_on_dataset_files_gives_one_row_each(tmp_path, capsys, fixtures, tiny_model_dir):
     out = tmp_path / "run"
-    main(["eval", str(REPO / "experiments" / "quickstart.yaml"), "--model", str(tiny_model_dir),
-          "--data", f"musique={fixtures / 'musique.jsonl'},{fixtures / 'musique_corpus.json'}",
-          "--data", f"hotpotqa={fixtures / 'hotpotqa.json'},{fixtures / 'hotpotqa_corpus.json'}",
-          f"output_dir={out}", "env.max_turns=2", "rollout.max_new_tokens=8", "env.agent=rag"])  # fmt: skip
+    main(
+        [
+            "eval",
+            str(REPO / "experiments" / "quickstart.yaml"),
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            f"musique={fixtures / 'musique.jsonl'},{fixtures / 'musique_corpus.json'}",
+            "--data",
+            f"hotpotqa={fixtures / 'hotpotqa.json'},{fixtures / 'hotpotqa_corpus.json'}",
+            f"output_dir={out}",
+            "env.max_turns=2",
+            "rollout.max_new_tokens=8",
+            "env.agent=rag",
+        ]
+    )
     printed = capsys.readouterr().out
     assert "| eval-policy-rag-musique |" in printed and "| eval-policy-rag-hotpotqa |" in printed
     m = json.loads((out / "eval-policy-rag-musique.json").read_text())
@@ -124,8 +165,9 @@ def test_no_deepspeed_cpu_fallback_notice():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", "import searchrl, deepspeed"], capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", "import searchrl, deepspeed"], capture_output=True, text=True, check=True
+    )
     assert "Setting accelerator to CPU" not in out.stdout + out.stderr
 
 

@@ -17,13 +17,24 @@ def test_custom_reward_example_trains(make_exp, monkeypatch):
     check_arguments(shipped, str(EXAMPLE / "experiment.yaml"))
     rewards = yaml.safe_load((EXAMPLE / "experiment.yaml").read_text())["rewards"]
     algo = yaml.safe_load((EXAMPLE / "experiment.yaml").read_text())["algorithm"]
-    exp = make_exp(f"rewards={rewards}", f"algorithm={algo}", "rollout.temperature=1.0",
-                   "trainer={steps: 2, batch_size: 2, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}")  # fmt: skip
+    exp = make_exp(
+        f"rewards={rewards}",
+        f"algorithm={algo}",
+        "rollout.temperature=1.0",
+        "trainer={steps: 2, batch_size: 2, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}",
+    )
     from searchrl.engine.trainer import Trainer
     from searchrl.runtime import Runtime
 
-    tr = Trainer(algorithm="steppo", algorithm_args=exp.algorithm.args, model_path=exp.model.path, cfg=exp.trainer,
-                 out_dir=exp.out, runtime=Runtime(exp), seed=0)  # fmt: skip
+    tr = Trainer(
+        algorithm="steppo",
+        algorithm_args=exp.algorithm.args,
+        model_path=exp.model.path,
+        cfg=exp.trainer,
+        out_dir=exp.out,
+        runtime=Runtime(exp),
+        seed=0,
+    )
     tr.run()
     row = read_metrics(exp.out / "metrics.jsonl")[-1]
     assert "reward/my_rewards:gold_hits" in row and "reward/my_rewards:gold_hits/gold_found" in row

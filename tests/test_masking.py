@@ -69,8 +69,11 @@ def test_masker_properties(trajs, max_len):
 
 def test_padding_token_inside_actions_still_carries_loss():
     """A sampled token that equals the pad id is an action token all the same."""
-    t = Trajectory(EX, [Segment("prompt", [5, 6]), Segment("action", [PAD, 7], [-1.0, -1.0])],
-                   [Step(1, 3, StepInfo("answer", True))])  # fmt: skip
+    t = Trajectory(
+        EX,
+        [Segment("prompt", [5, 6]), Segment("action", [PAD, 7], [-1.0, -1.0])],
+        [Step(1, 3, StepInfo("answer", True))],
+    )
     b = build_batch([t], PAD)
     assert b.loss_mask[0].tolist() == [0, 0, 1, 1]
 

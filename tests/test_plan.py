@@ -59,7 +59,9 @@ def test_a_prm_is_evaluated_guiding_its_start_policy():
     p = plan(load_experiment(EXP / "synthetic" / "raggym_prm.yaml"))
     assert p.stages[-1].algorithm == "prm" and p.stages[-1].data == "process-pairs"
     assert [(e.name, e.model, e.guide, e.n) for e in p.evaluations[2:]] == [
-        ("prm best-of-4", "runs/quickstart/sft/final", "prm", 4), ("prm best-of-8", "runs/quickstart/sft/final", "prm", 8)]  # fmt: skip
+        ("prm best-of-4", "runs/quickstart/sft/final", "prm", 4),
+        ("prm best-of-8", "runs/quickstart/sft/final", "prm", 8),
+    ]
     assert "prm" not in [e.name for e in p.evaluations]
 
 

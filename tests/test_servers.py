@@ -59,12 +59,18 @@ def retrieval(bm25):
 
 @pytest.mark.parametrize(
     "body, status, message",
-    [({"queries": ["x"] * 9}, 400, "at most 8"), ({"queries": ["x" * 101]}, 400, "longer than 100"),
-     ({"queries": ["x"], "topk": -1}, 400, "'topk' must be an integer from 1 to 100"),
-     ({"queries": ["x"], "topk": 1.5}, 400, "'topk'"), ({"queries": ["x"], "topk": True}, 400, "'topk'"),
-     ({"queries": ["x"], "topk": 101}, 400, "'topk'"), ({"queries": "x"}, 400, "list of strings"),
-     ({"topk": 3}, 400, "list of strings"), ([1, 2], 400, "JSON object")],
-)  # fmt: skip
+    [
+        ({"queries": ["x"] * 9}, 400, "at most 8"),
+        ({"queries": ["x" * 101]}, 400, "longer than 100"),
+        ({"queries": ["x"], "topk": -1}, 400, "'topk' must be an integer from 1 to 100"),
+        ({"queries": ["x"], "topk": 1.5}, 400, "'topk'"),
+        ({"queries": ["x"], "topk": True}, 400, "'topk'"),
+        ({"queries": ["x"], "topk": 101}, 400, "'topk'"),
+        ({"queries": "x"}, 400, "list of strings"),
+        ({"topk": 3}, 400, "list of strings"),
+        ([1, 2], 400, "JSON object"),
+    ],
+)
 def test_retriever_bad_requests_get_json_errors(retrieval, body, status, message):
     code, answer = call(retrieval + "/retrieve", body)
     assert code == status and message in answer["error"], answer
@@ -112,8 +118,10 @@ def test_retriever_timeout_and_unequal_topk_in_one_batch(bm25):
     server = make_server(Slow(bm25, 0.2), "127.0.0.1", 0).start()
     try:
         with ThreadPoolExecutor(2) as pool:
-            a, b = pool.map(lambda k: call(server.url + "/retrieve", {"queries": ["capital of France"], "topk": k}),
-                            (1, 2))  # fmt: skip
+            a, b = pool.map(
+                lambda k: call(server.url + "/retrieve", {"queries": ["capital of France"], "topk": k}),
+                (1, 2),
+            )
     finally:
         server.stop()
     assert len(a[1]["result"][0]) == 1 and len(b[1]["result"][0]) == 2
@@ -129,10 +137,12 @@ def test_model_server_caps_and_refuses(tiny_model_dir):
         code, reply = call(url, {"messages": hello, "max_tokens": 5000})  # capped to the server's 4
         assert code == 200 and time.perf_counter() - t < 20
         assert len(tok(reply["choices"][0]["message"]["content"], add_special_tokens=False)["input_ids"]) <= 4
-        for body, message in (({"messages": hello, "max_tokens": 0}, "'max_tokens' must be an integer from 1"),
-                              ({"messages": [{"content": "hi"}]}, "messages[0] must be {role"),
-                              ({"messages": hello, "temperature": "hot"}, "'temperature'"),
-                              ({"messages": []}, "non-empty list")):  # fmt: skip
+        for body, message in (
+            ({"messages": hello, "max_tokens": 0}, "'max_tokens' must be an integer from 1"),
+            ({"messages": [{"content": "hi"}]}, "messages[0] must be {role"),
+            ({"messages": hello, "temperature": "hot"}, "'temperature'"),
+            ({"messages": []}, "non-empty list"),
+        ):
             code, answer = call(url, body)
             assert code == 400 and message in answer["error"]["message"], answer
         assert call(server.url + "/v1/models", method="GET")[1]["data"][0]["id"] == "tiny"
@@ -154,11 +164,18 @@ def scripted(status, payload):
 
 @pytest.mark.parametrize(
     "status, payload, message, not_in",
-    [(500, {"error": "index shard missing"}, "HTTP 500 (index shard missing)", "Is it running"),
-     (400, {"error": "bad request: 'topk' must be an integer"}, "HTTP 400 (bad request: 'topk' must be", "Is it running"),
-     (200, {"result": "nope"}, "unexpected shape", "Is it running"),
-     (200, {"documents": []}, "unexpected shape (KeyError", "Is it running")],
-)  # fmt: skip
+    [
+        (500, {"error": "index shard missing"}, "HTTP 500 (index shard missing)", "Is it running"),
+        (
+            400,
+            {"error": "bad request: 'topk' must be an integer"},
+            "HTTP 400 (bad request: 'topk' must be",
+            "Is it running",
+        ),
+        (200, {"result": "nope"}, "unexpected shape", "Is it running"),
+        (200, {"documents": []}, "unexpected shape (KeyError", "Is it running"),
+    ],
+)
 def test_http_retriever_client_errors(status, payload, message, not_in):
     server, url = scripted(status, payload)
     try:

@@ -51,8 +51,12 @@ def test_sweep_runs_resumes_records_failures_and_reports(tmp_path, world_dir, ti
     sw = load_sweep(write_sweep(tmp_path, world_dir, tiny_model_dir, extra), tmp_path / "runs")
     sw.runs = [r for r in sw.runs if r.name.endswith("seed0") or r.name == "a-seed1"]  # keep the test short
     status = run_sweep(sw, jobs=2)
-    assert {n: s["status"] for n, s in status.items()} == {"a-seed0": "done", "a-seed1": "done", "b-seed0": "done",
-                                                            "broken-seed0": "failed"}  # fmt: skip
+    assert {n: s["status"] for n, s in status.items()} == {
+        "a-seed0": "done",
+        "a-seed1": "done",
+        "b-seed0": "done",
+        "broken-seed0": "failed",
+    }
     assert "no world found" in (sw.dir / "broken-seed0" / "sweep.log").read_text()
     assert json.loads((sw.dir / "sweep.json").read_text())["broken-seed0"]["returncode"] != 0
     capsys.readouterr()

@@ -47,17 +47,36 @@ def test_reward_modules_are_checked_at_validate_time(tmp_path, capsys, monkeypat
         assert e.value.code == 1
         err = capsys.readouterr().err
         assert "rewards[0]" in err and f"{module}:score" in err and why in err, err
-        fails(capsys, ["train", QUICKSTART, f"rewards=[{{name: '{module}:score'}}]", f"output_dir={tmp_path}/r"],
-              "rewards[0]", why)  # fmt: skip
+        fails(
+            capsys,
+            ["train", QUICKSTART, f"rewards=[{{name: '{module}:score'}}]", f"output_dir={tmp_path}/r"],
+            "rewards[0]",
+            why,
+        )
     sys.modules.pop("broken_rewards", None)
     sys.modules.pop("odd_rewards", None)
 
 
 def test_unknown_retriever_arguments(tmp_path, capsys, fixtures):
-    fails(capsys, ["train", QUICKSTART, "env.retriever.args={k1: 2, bogus: 1}", f"output_dir={tmp_path}"],
-          "env.retriever.args.bogus")  # fmt: skip
-    fails(capsys, ["index", "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(tmp_path / "i"),
-                   "--arg", "bogus=1"], "--arg bogus", "k1")  # fmt: skip
+    fails(
+        capsys,
+        ["train", QUICKSTART, "env.retriever.args={k1: 2, bogus: 1}", f"output_dir={tmp_path}"],
+        "env.retriever.args.bogus",
+    )
+    fails(
+        capsys,
+        [
+            "index",
+            "--corpus",
+            str(fixtures / "corpus.jsonl"),
+            "--out",
+            str(tmp_path / "i"),
+            "--arg",
+            "bogus=1",
+        ],
+        "--arg bogus",
+        "k1",
+    )
 
 
 def test_bad_data_files(tmp_path, capsys, fixtures):
@@ -72,23 +91,84 @@ def test_bad_data_files(tmp_path, capsys, fixtures):
         fails(capsys, ["index", "--corpus", str(corpus), "--out", str(tmp_path / "i")], str(corpus), why)
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"id": "1", "answer": "x"}\n')
-    fails(capsys, ["eval", QUICKSTART, "--agent", "teacher", "--data", f"q={questions},{fixtures / 'corpus.jsonl'}",
-                   f"output_dir={tmp_path}/e"], str(questions), "cannot tell the format", "flashrag")  # fmt: skip
-    fails(capsys, ["eval", QUICKSTART, "--agent", "teacher", "--data", f"q={questions},{fixtures / 'corpus.jsonl'}",
-                   "--data-format", "flashrag", f"output_dir={tmp_path}/e"], str(questions), "row 0 needs 'question'")  # fmt: skip
+    fails(
+        capsys,
+        [
+            "eval",
+            QUICKSTART,
+            "--agent",
+            "teacher",
+            "--data",
+            f"q={questions},{fixtures / 'corpus.jsonl'}",
+            f"output_dir={tmp_path}/e",
+        ],
+        str(questions),
+        "cannot tell the format",
+        "flashrag",
+    )
+    fails(
+        capsys,
+        [
+            "eval",
+            QUICKSTART,
+            "--agent",
+            "teacher",
+            "--data",
+            f"q={questions},{fixtures / 'corpus.jsonl'}",
+            "--data-format",
+            "flashrag",
+            f"output_dir={tmp_path}/e",
+        ],
+        str(questions),
+        "row 0 needs 'question'",
+    )
     hotpot = tmp_path / "h.json"
     hotpot.write_text('[{"question": "q", "answer": "a", "supporting_facts": [], "context": []}]')
-    fails(capsys, ["eval", QUICKSTART, "--agent", "teacher", "--data", f"h={hotpot},{fixtures / 'corpus.jsonl'}",
-                   f"output_dir={tmp_path}/e"], str(hotpot), "not a hotpotqa question file", "'_id'")  # fmt: skip
-    fails(capsys, ["eval", QUICKSTART, "--agent", "teacher", "--data", f"q={empty},{fixtures / 'corpus.jsonl'}",
-                   f"output_dir={tmp_path}/e"], str(empty), "no questions")  # fmt: skip
+    fails(
+        capsys,
+        [
+            "eval",
+            QUICKSTART,
+            "--agent",
+            "teacher",
+            "--data",
+            f"h={hotpot},{fixtures / 'corpus.jsonl'}",
+            f"output_dir={tmp_path}/e",
+        ],
+        str(hotpot),
+        "not a hotpotqa question file",
+        "'_id'",
+    )
+    fails(
+        capsys,
+        [
+            "eval",
+            QUICKSTART,
+            "--agent",
+            "teacher",
+            "--data",
+            f"q={empty},{fixtures / 'corpus.jsonl'}",
+            f"output_dir={tmp_path}/e",
+        ],
+        str(empty),
+        "no questions",
+    )
 
 
 def test_bad_arguments(tmp_path, capsys, fixtures):
-    fails(capsys, ["eval", QUICKSTART, "--split", "validation", f"output_dir={tmp_path}", "eval.limit=2"],
-          "eval.split", "validation", "valid: dev, test, train")  # fmt: skip
-    fails(capsys, ["eval", QUICKSTART, "--model", str(tmp_path / "nope"), f"output_dir={tmp_path}", "eval.limit=2"],
-          "--model", str(tmp_path / "nope"))  # fmt: skip
+    fails(
+        capsys,
+        ["eval", QUICKSTART, "--split", "validation", f"output_dir={tmp_path}", "eval.limit=2"],
+        "eval.split",
+        "validation",
+        "valid: dev, test, train",
+    )
+    fails(
+        capsys,
+        ["eval", QUICKSTART, "--model", str(tmp_path / "nope"), f"output_dir={tmp_path}", "eval.limit=2"],
+        "--model",
+        str(tmp_path / "nope"),
+    )
     fails(
         capsys,
         ["serve-retriever", "--corpus", str(fixtures / "corpus.jsonl"), "--port", "99999"],
@@ -141,8 +221,11 @@ def test_one_key_value_parser_for_overrides_args_and_world_settings(tmp_path, ca
         ["world", "--out", str(tmp_path / "w"), "persons"],
         "world setting must look like 'persons=200'",
     )
-    fails(capsys, ["index", "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(tmp_path / "i"), "--arg", "k1"],
-          "--arg must look like 'key=value'")  # fmt: skip
+    fails(
+        capsys,
+        ["index", "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(tmp_path / "i"), "--arg", "k1"],
+        "--arg must look like 'key=value'",
+    )
     fails(
         capsys,
         ["world", "--out", str(tmp_path / "w"), "persons=[1"],

@@ -23,8 +23,9 @@ class BadRequest(Exception):
     """A request the server refuses with HTTP 400 and this message."""
 
 
-def json_app(routes: Sequence[Any], max_body_bytes: int, error_body: Callable[[str], Any] = lambda m: {"error": m}
-             ) -> Any:  # fmt: skip
+def json_app(
+    routes: Sequence[Any], max_body_bytes: int, error_body: Callable[[str], Any] = lambda m: {"error": m}
+) -> Any:
     """A Starlette app whose every error is JSON (``error_body(message)``): 400 for `BadRequest`, the
     framework's status for HTTP errors (404, 405, 413 over ``max_body_bytes``), 500 otherwise."""
     from starlette.applications import Starlette
@@ -42,9 +43,10 @@ def json_app(routes: Sequence[Any], max_body_bytes: int, error_body: Callable[[s
     async def server_error(request: Any, exc: Exception) -> Any:
         return JSONResponse(error_body(f"server error: {type(exc).__name__}: {exc}"), status_code=500)
 
-    app = Starlette(routes=list(routes),
-                    exception_handlers={HTTPException: http_error, BadRequest: bad_request,
-                                        Exception: server_error})  # fmt: skip
+    app = Starlette(
+        routes=list(routes),
+        exception_handlers={HTTPException: http_error, BadRequest: bad_request, Exception: server_error},
+    )
     app.state.max_body_bytes = max_body_bytes
     return app
 
@@ -170,8 +172,14 @@ class Served:
 
         self.sock = listen(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=timeout_keep_alive,
-                                lifespan="off", ws="none")  # fmt: skip
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=timeout_keep_alive,
+            lifespan="off",
+            ws="none",
+        )
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

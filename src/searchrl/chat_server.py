@@ -21,8 +21,13 @@ def _error(message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error"}}
 
 
-def make_chat_app(chat: LocalChat, name: str = "local", max_tokens: int = 1024, timeout: float = 300.0,
-                  max_body_bytes: int = 4 * 2**20) -> Any:  # fmt: skip
+def make_chat_app(
+    chat: LocalChat,
+    name: str = "local",
+    max_tokens: int = 1024,
+    timeout: float = 300.0,
+    max_body_bytes: int = 4 * 2**20,
+) -> Any:
     """The ASGI app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``."""
     from starlette.responses import JSONResponse
     from starlette.routing import Route
@@ -52,11 +57,17 @@ def make_chat_app(chat: LocalChat, name: str = "local", max_tokens: int = 1024, 
         ):
             raise BadRequest(f"'temperature' must be a number from 0 to 2, got {temperature!r}")
         text, finish = await with_timeout(batcher.submit((n_tokens, float(temperature)), messages), timeout)
-        return JSONResponse({
-            "id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
-            "model": req.get("model", name),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{time.time_ns()}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": req.get("model", name),
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                ],
+            }
+        )
 
     async def models(request: Any) -> Any:
         return JSONResponse(
@@ -73,8 +84,9 @@ def make_chat_app(chat: LocalChat, name: str = "local", max_tokens: int = 1024, 
     return json_app(routes, max_body_bytes, _error)
 
 
-def make_chat_server(chat: LocalChat, name: str = "local", host: str = "127.0.0.1", port: int = 8001,
-                     **limits: Any) -> Any:  # fmt: skip
+def make_chat_server(
+    chat: LocalChat, name: str = "local", host: str = "127.0.0.1", port: int = 8001, **limits: Any
+) -> Any:
     """An OpenAI-compatible chat server (`searchrl.asgi.Served`, not started); port 0 picks a free port."""
     from searchrl.asgi import Served
 

@@ -30,8 +30,10 @@ def cmd_world(args: argparse.Namespace) -> None:
     world = World.generate(cfg)
     out = world.save(args.out)
     counts = {s: len(world.examples(s)) for s in ("train", "dev", "test")}
-    print(f"world seed={cfg.seed}: {len(world.entities)} entities, questions {counts}, "
-          f"written to {out} in {time.perf_counter() - t:.1f}s")  # fmt: skip
+    print(
+        f"world seed={cfg.seed}: {len(world.entities)} entities, questions {counts}, "
+        f"written to {out} in {time.perf_counter() - t:.1f}s"
+    )
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
@@ -104,10 +106,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.corpus is None and args.index is None:
         raise SearchRLError("serve-retriever needs --corpus FILE or --index DIR")
     _check_port(args.port)
-    retriever = build_retriever(args.retriever, corpus=args.corpus, index=args.index,
-                                **_retriever_kwargs(args.retriever, args.arg))  # fmt: skip
-    server = make_server(retriever, args.host, args.port, max_queries=args.max_queries, max_topk=args.max_topk,
-                         timeout=args.timeout)  # fmt: skip
+    retriever = build_retriever(
+        args.retriever, corpus=args.corpus, index=args.index, **_retriever_kwargs(args.retriever, args.arg)
+    )
+    server = make_server(
+        retriever,
+        args.host,
+        args.port,
+        max_queries=args.max_queries,
+        max_topk=args.max_topk,
+        timeout=args.timeout,
+    )
     _serve(server, f"serving {args.retriever} on {server.url}/retrieve (Ctrl-C to stop)")
 
 
@@ -118,8 +127,14 @@ def cmd_serve_model(args: argparse.Namespace) -> None:
     _check_port(args.port)
     _check_model_dir(args.model)
     chat = LocalChat.load(args.model)
-    server = make_chat_server(chat, args.name or Path(args.model).name, args.host, args.port,
-                              max_tokens=args.max_tokens, timeout=args.timeout)  # fmt: skip
+    server = make_chat_server(
+        chat,
+        args.name or Path(args.model).name,
+        args.host,
+        args.port,
+        max_tokens=args.max_tokens,
+        timeout=args.timeout,
+    )
     _serve(server, f"serving {args.model} on {server.url}/v1/chat/completions (Ctrl-C to stop)")
 
 
@@ -239,8 +254,16 @@ def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> d
         path = args.model or (trained if has_weights(trained) else local_model_dir(rt))
         print(f"evaluating the policy in {path} on {label}")
         model, tokenizer = load_model_and_tokenizer(path, exp.model.dtype)
-        states = run_policy(lambda: nullcontext(model), tokenizer, rt.env(), examples, exp.eval.temperature,
-                            exp.rollout.max_new_tokens, exp.rollout.max_total_tokens, exp.rollout.batch_size)  # fmt: skip
+        states = run_policy(
+            lambda: nullcontext(model),
+            tokenizer,
+            rt.env(),
+            examples,
+            exp.eval.temperature,
+            exp.rollout.max_new_tokens,
+            exp.rollout.max_total_tokens,
+            exp.rollout.batch_size,
+        )
     elif exp.eval.agent == "teacher":
         from searchrl.envs.synthetic.teacher import run_teacher
 
@@ -304,8 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train an experiment (warm start, algorithm, evaluation)")
     tr.add_argument("config")
     tr.add_argument("--resume", action="store_true", help="continue from the last checkpoint of each stage")
-    tr.add_argument("--force", action="store_true",
-                    help="start over in a run directory trained with another config (deletes its results)")  # fmt: skip
+    tr.add_argument(
+        "--force",
+        action="store_true",
+        help="start over in a run directory trained with another config (deletes its results)",
+    )
     _overrides(tr)
     tr.set_defaults(fn=cmd_train)
 
@@ -395,8 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent", default=None, help="policy (default), teacher, or prm (PRM best-of-N, eval.best_of)"
     )
     e.add_argument("--split", default=None)
-    e.add_argument("--data", action="append", default=[], metavar="NAME=QUESTIONS[,CORPUS]",
-                   help="evaluate on a question file with its corpus (repeatable: one table row per dataset)")  # fmt: skip
+    e.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="NAME=QUESTIONS[,CORPUS]",
+        help="evaluate on a question file with its corpus (repeatable: one table row per dataset)",
+    )
     e.add_argument(
         "--data-format", default="auto", help="the files' format: auto, flashrag, hotpotqa, musique, 2wiki"
     )

@@ -281,22 +281,41 @@ _AT_LEAST_1, _AT_LEAST_0, _POSITIVE = (
 RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "DataConfig": {"limit": _AT_LEAST_1},
     "RetrieverConfig": {"cache": _AT_LEAST_0},
-    "EnvConfig": {"topk": _AT_LEAST_1, "max_turns": _AT_LEAST_1, "max_query_chars": _AT_LEAST_1,
-                  "doc_max_words": _AT_LEAST_1},
+    "EnvConfig": {
+        "topk": _AT_LEAST_1,
+        "max_turns": _AT_LEAST_1,
+        "max_query_chars": _AT_LEAST_1,
+        "doc_max_words": _AT_LEAST_1,
+    },
     "LoraConfig": {"r": _AT_LEAST_1, "alpha": _POSITIVE, "dropout": (lambda v: 0 <= v < 1, "in [0, 1)")},
-    "RolloutConfig": {"group_size": _AT_LEAST_1, "temperature": _AT_LEAST_0,
-                      "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"), "max_new_tokens": _AT_LEAST_1,
-                      "max_total_tokens": _AT_LEAST_1, "batch_size": _AT_LEAST_1},
-    "TrainerConfig": {"steps": _AT_LEAST_1, "batch_size": _AT_LEAST_1, "micro_batch_size": _AT_LEAST_1,
-                      "lr": _POSITIVE, "weight_decay": _AT_LEAST_0, "warmup_steps": _AT_LEAST_0,
-                      "max_grad_norm": _POSITIVE, "epochs": _AT_LEAST_1, "mini_batches": _AT_LEAST_1,
-                      "save_every": _AT_LEAST_1, "keep_checkpoints": _AT_LEAST_1, "eval_every": _AT_LEAST_0,
-                      "eval_limit": _AT_LEAST_1},
+    "RolloutConfig": {
+        "group_size": _AT_LEAST_1,
+        "temperature": _AT_LEAST_0,
+        "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+        "max_new_tokens": _AT_LEAST_1,
+        "max_total_tokens": _AT_LEAST_1,
+        "batch_size": _AT_LEAST_1,
+    },
+    "TrainerConfig": {
+        "steps": _AT_LEAST_1,
+        "batch_size": _AT_LEAST_1,
+        "micro_batch_size": _AT_LEAST_1,
+        "lr": _POSITIVE,
+        "weight_decay": _AT_LEAST_0,
+        "warmup_steps": _AT_LEAST_0,
+        "max_grad_norm": _POSITIVE,
+        "epochs": _AT_LEAST_1,
+        "mini_batches": _AT_LEAST_1,
+        "save_every": _AT_LEAST_1,
+        "keep_checkpoints": _AT_LEAST_1,
+        "eval_every": _AT_LEAST_0,
+        "eval_limit": _AT_LEAST_1,
+    },
     "WarmStartConfig": {"teacher_passes": _AT_LEAST_1},
     "EvalConfig": {"limit": _AT_LEAST_1, "temperature": _AT_LEAST_0, "best_of_temperature": _AT_LEAST_0},
     "ProcessDataConfig": {"n": _AT_LEAST_1, "limit": _AT_LEAST_1, "temperature": _AT_LEAST_0},
     "DistributedConfig": {"timeout": _POSITIVE},
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -353,8 +372,9 @@ class Ctx:
         return ConfigError(problem, file=self.where(key), key=key or None, **kw)
 
 
-def from_dict(cls: type, data: dict[str, Any], source: str = "<config>", key: str = "", ctx: Ctx | None = None
-              ) -> Any:  # fmt: skip
+def from_dict(
+    cls: type, data: dict[str, Any], source: str = "<config>", key: str = "", ctx: Ctx | None = None
+) -> Any:
     """Convert a mapping into dataclass ``cls`` with the schema's checks (types, ranges, choices); registry
     names are left in ``ctx.names`` (`searchrl.experiment.from_dict_checked` checks them too)."""
     ctx = ctx if ctx is not None else Ctx()
@@ -445,8 +465,11 @@ def _convert_dataclass(cls: Any, value: Any, ctx: Ctx, key: str) -> Any:
         kwargs[k] = convert(hints[k], v, ctx, sub)
         _check_names(fields[k], kwargs[k], ctx, sub)
         _check_range(cls.__name__, k, kwargs[k], ctx, sub)
-    missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ctx.error(f"{key}.{missing[0]}" if key else missing[0], "required key is missing")
     try:

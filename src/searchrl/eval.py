@@ -102,8 +102,16 @@ def episode_metrics(states: Sequence[EnvState]) -> dict[str, Any]:
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    cols = ["n", "em", "f1", "sub_em", "searches_per_question", "tokens_per_question", "invalid_action_rate",
-            "gold_doc_recall"]  # fmt: skip
+    cols = [
+        "n",
+        "em",
+        "f1",
+        "sub_em",
+        "searches_per_question",
+        "tokens_per_question",
+        "invalid_action_rate",
+        "gold_doc_recall",
+    ]
     lines = ["| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, m in rows.items():
         cells = [f"{m[c]:.3f}" if isinstance(m.get(c), float) else str(m.get(c, "")) for c in cols]
@@ -120,8 +128,16 @@ def write_results(out_dir: str | Path, name: str, metrics: dict[str, Any]) -> tu
     return js, md
 
 
-def run_policy(model_context: Any, tokenizer: Any, env: Any, examples: Sequence[Any], temperature: float = 0.0,
-               max_new_tokens: int = 128, max_total_tokens: int = 2048, batch_size: int = 64) -> list[EnvState]:  # fmt: skip
+def run_policy(
+    model_context: Any,
+    tokenizer: Any,
+    env: Any,
+    examples: Sequence[Any],
+    temperature: float = 0.0,
+    max_new_tokens: int = 128,
+    max_total_tokens: int = 2048,
+    batch_size: int = 64,
+) -> list[EnvState]:
     """Episodes of the policy on ``examples`` (greedy by default), through the shared rollout loop."""
     from searchrl.rollout.generator import SamplingParams
     from searchrl.rollout.hf import HFGenerator
@@ -130,14 +146,24 @@ def run_policy(model_context: Any, tokenizer: Any, env: Any, examples: Sequence[
     gen = HFGenerator(
         None, tokenizer, env.tags.stop_strings, batch_size=batch_size, model_context=model_context
     )
-    trajs, _ = rollout(examples, env, gen, tokenizer, SamplingParams(temperature, 1.0, max_new_tokens), 1,
-                       max_total_tokens)  # fmt: skip
+    trajs, _ = rollout(
+        examples, env, gen, tokenizer, SamplingParams(temperature, 1.0, max_new_tokens), 1, max_total_tokens
+    )
     return [t.state for t in trajs]  # type: ignore[misc]
 
 
-def run_best_of_n(policy: Any, tokenizer: Any, scorer: Any, env: Any, examples: Sequence[Any], n: int,
-                  temperature: float = 1.0, max_new_tokens: int = 128, max_total_tokens: int = 2048,
-                  batch_size: int = 64) -> list[EnvState]:  # fmt: skip
+def run_best_of_n(
+    policy: Any,
+    tokenizer: Any,
+    scorer: Any,
+    env: Any,
+    examples: Sequence[Any],
+    n: int,
+    temperature: float = 1.0,
+    max_new_tokens: int = 128,
+    max_total_tokens: int = 2048,
+    batch_size: int = 64,
+) -> list[EnvState]:
     """PRM-guided inference (RAG-Gym Appendix D, Algorithm 1): at every step sample ``n`` actions from
     the same state, keep the one the PRM scores highest, step the environment with it."""
     from contextlib import nullcontext
@@ -146,8 +172,13 @@ def run_best_of_n(policy: Any, tokenizer: Any, scorer: Any, env: Any, examples: 
     from searchrl.rollout.hf import HFGenerator
     from searchrl.rollout.loop import expand, start_trajectories
 
-    gen = HFGenerator(None, tokenizer, env.tags.stop_strings, batch_size=batch_size,
-                      model_context=lambda: nullcontext(policy))  # fmt: skip
+    gen = HFGenerator(
+        None,
+        tokenizer,
+        env.tags.stop_strings,
+        batch_size=batch_size,
+        model_context=lambda: nullcontext(policy),
+    )
     params = SamplingParams(temperature, 1.0, max_new_tokens)
     trajs = start_trajectories(env, tokenizer, examples)
     while live := [i for i, t in enumerate(trajs) if t.state is not None and not t.state.done]:

@@ -44,8 +44,15 @@ def _registries() -> dict[str, Registry[Any]]:
     from searchrl.rewards.judges import ANNOTATORS, JUDGES
     from searchrl.rollout.generator import GENERATORS
 
-    return {"retrievers": RETRIEVERS, "rewards": REWARDS, "algorithms": ALGORITHMS, "generators": GENERATORS,
-            "judges": JUDGES, "annotators": ANNOTATORS, "summarizers": SUMMARIZERS}  # fmt: skip
+    return {
+        "retrievers": RETRIEVERS,
+        "rewards": REWARDS,
+        "algorithms": ALGORITHMS,
+        "generators": GENERATORS,
+        "judges": JUDGES,
+        "annotators": ANNOTATORS,
+        "summarizers": SUMMARIZERS,
+    }
 
 
 def _choices(name: str) -> list[str]:
@@ -86,9 +93,12 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
             raise ConfigError(
                 f"agent '{exp.env.agent}' re-renders its state at every step, so an episode is not one token "
                 f"sequence; the online algorithm '{exp.algorithm.name}' trains on such sequences",
-                file=source, key="env.agent", value=exp.env.agent,
+                file=source,
+                key="env.agent",
+                value=exp.env.agent,
                 choices=[a for a in AGENTS if a not in RERENDERED_AGENTS],
-                hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)")  # fmt: skip
+                hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)",
+            )
         config_cls = getattr(algo, "Config", None)
         if config_cls is not None:
             from_dict_checked(config_cls, exp.algorithm.args, source, "algorithm")
@@ -101,9 +111,13 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
         ):
             raise ConfigError(
                 f"algorithm '{exp.algorithm.name}' places per-step rewards, but no configured reward is a "
-                "process reward", file=source, key="rewards", value=[s.name for s in exp.rewards],
+                "process reward",
+                file=source,
+                key="rewards",
+                value=[s.name for s in exp.rewards],
                 choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
-                hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only")  # fmt: skip
+                hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only",
+            )
     if exp.warm_start is not None:  # the SFT warm start's arguments, under their own key
         from searchrl.algorithms.sft import SFTConfig
 
@@ -113,16 +127,26 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
     known = retriever_arguments(exp.env.retriever.name)
     for arg in exp.env.retriever.args:
         if known is not None and arg not in known:
-            raise ConfigError(f"retriever '{exp.env.retriever.name}' has no argument '{arg}'", file=source,
-                              key=f"env.retriever.args.{arg}", value=arg, choices=known)  # fmt: skip
+            raise ConfigError(
+                f"retriever '{exp.env.retriever.name}' has no argument '{arg}'",
+                file=source,
+                key=f"env.retriever.args.{arg}",
+                value=arg,
+                choices=known,
+            )
     if exp.env.summarizer is not None:
         from searchrl.envs.summarize import SUMMARIZERS
 
         params = inspect.signature(SUMMARIZERS.get(exp.env.summarizer.name)).parameters
         for arg in exp.env.summarizer.args:
             if arg not in params:
-                raise ConfigError(f"summarizer '{exp.env.summarizer.name}' has no argument '{arg}'", file=source,
-                                  key=f"env.summarizer.args.{arg}", value=arg, choices=list(params))  # fmt: skip
+                raise ConfigError(
+                    f"summarizer '{exp.env.summarizer.name}' has no argument '{arg}'",
+                    file=source,
+                    key=f"env.summarizer.args.{arg}",
+                    value=arg,
+                    choices=list(params),
+                )
     for i, spec in enumerate(exp.rewards):
         params = inspect.signature(REWARDS.get(spec.name)).parameters
         allowed = [
@@ -131,11 +155,20 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
         named_only = not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         for arg in spec.args:
             if arg in PROVIDED or (arg not in allowed and named_only):
-                raise ConfigError(f"reward '{spec.name}' has no argument '{arg}'", file=source,
-                                  key=f"rewards[{i}].args.{arg}", value=arg, choices=allowed)  # fmt: skip
+                raise ConfigError(
+                    f"reward '{spec.name}' has no argument '{arg}'",
+                    file=source,
+                    key=f"rewards[{i}].args.{arg}",
+                    value=arg,
+                    choices=allowed,
+                )
         try:
             check_calling_convention(REWARDS.get(spec.name), spec.args)
         except TypeError as exc:
-            raise ConfigError(f"reward '{spec.name}' does not follow the reward calling convention "
-                              f"fn(traj, *, answers=..., hops=..., <args>) -> float | RewardOutput: {exc}",
-                              file=source, key=f"rewards[{i}].name", value=spec.name) from None  # fmt: skip
+            raise ConfigError(
+                f"reward '{spec.name}' does not follow the reward calling convention "
+                f"fn(traj, *, answers=..., hops=..., <args>) -> float | RewardOutput: {exc}",
+                file=source,
+                key=f"rewards[{i}].name",
+                value=spec.name,
+            ) from None

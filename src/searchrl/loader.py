@@ -38,8 +38,12 @@ def _read_yaml(path: Path, ctx: Ctx, seen: tuple[Path, ...] = ()) -> dict[str, A
         )
     bases = data.pop("base", None) or []
     if not (isinstance(bases, str) or (isinstance(bases, list) and all(isinstance(b, str) for b in bases))):
-        raise ConfigError("base is a path (relative to this file) or a list of paths", file=str(path), key="base",
-                          value=bases)  # fmt: skip
+        raise ConfigError(
+            "base is a path (relative to this file) or a list of paths",
+            file=str(path),
+            key="base",
+            value=bases,
+        )
     merged: dict[str, Any] = {}
     for base in [bases] if isinstance(bases, str) else bases:
         base_path = (path.parent / base).resolve()
@@ -116,6 +120,10 @@ def read_experiment(
     try:
         exp.out  # noqa: B018 (the placeholders must resolve)
     except (KeyError, IndexError, ValueError) as exc:
-        raise ctx.error("output_dir", f"cannot fill in the path ({type(exc).__name__}: {exc})",
-                        value=exp.output_dir, hint="the only placeholder is {name}, e.g. runs/{name}") from None  # fmt: skip
+        raise ctx.error(
+            "output_dir",
+            f"cannot fill in the path ({type(exc).__name__}: {exc})",
+            value=exp.output_dir,
+            hint="the only placeholder is {name}, e.g. runs/{name}",
+        ) from None
     return exp, ctx

@@ -61,8 +61,11 @@ def plan(exp: Experiment) -> Plan:
     kind = getattr(cls, "data", None)  # None (online), "trajectories" or "pairs"
     process = exp.process_data.out if kind else None
     if kind == "pairs" and process is None:
-        raise ConfigError(f"algorithm '{algo}' trains on step-level preference pairs: set process_data.out to data "
-                          "from `searchrl collect-process-data`", key="process_data.out")  # fmt: skip
+        raise ConfigError(
+            f"algorithm '{algo}' trains on step-level preference pairs: set process_data.out to data "
+            "from `searchrl collect-process-data`",
+            key="process_data.out",
+        )
     ws = exp.warm_start
     teacher_main = kind == "trajectories" and process is None
     warm = ws is not None and not teacher_main  # the teacher warm start precedes all but teacher SFT itself

@@ -33,21 +33,35 @@ from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
 
 
-def step_pairs(env: Any, state: Any, candidates: list[tuple[str, float]], chosen_min: float, rejected_max: float
-               ) -> list[dict[str, Any]]:  # fmt: skip
+def step_pairs(
+    env: Any, state: Any, candidates: list[tuple[str, float]], chosen_min: float, rejected_max: float
+) -> list[dict[str, Any]]:
     """Every (chosen, rejected) pair of one step's ranked candidates, with the state as text pieces
     (`SearchEnv.pieces`: the rendered state alone for a re-rendered agent design)."""
     good = [(a, s) for a, s in candidates if s >= chosen_min]
     bad = [(a, s) for a, s in candidates if s <= rejected_max]
     prompt, actions, observations = env.pieces(state)
-    return [{"id": state.example.id, "question": state.example.question, "prompt": prompt,
-             "actions": actions, "observations": observations, "step": len(state.actions),
-             "chosen": a, "rejected": b, "chosen_score": sa, "rejected_score": sb}
-            for a, sa in good for b, sb in bad]  # fmt: skip
+    return [
+        {
+            "id": state.example.id,
+            "question": state.example.question,
+            "prompt": prompt,
+            "actions": actions,
+            "observations": observations,
+            "step": len(state.actions),
+            "chosen": a,
+            "rejected": b,
+            "chosen_score": sa,
+            "rejected_score": sb,
+        }
+        for a, sa in good
+        for b, sb in bad
+    ]
 
 
-def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progress: bool = True
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+def collect(
+    rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progress: bool = True
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """(pairs, sft records, summary) for ``process_data.split`` of the experiment ``rt.exp``."""
     from tqdm.auto import tqdm
 
@@ -66,8 +80,16 @@ def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progres
         prefixes = start_trajectories(env, tokenizer, chunk)
         ranked: list[list[tuple[Any, list[tuple[str, float]]]]] = [[] for _ in chunk]
         while live := [q for q, p in enumerate(prefixes) if p.state is not None and not p.state.done]:
-            groups = expand([prefixes[q] for q in live], cfg.n, env, generator, tokenizer, params,
-                            exp.rollout.max_total_tokens, stats)  # fmt: skip
+            groups = expand(
+                [prefixes[q] for q in live],
+                cfg.n,
+                env,
+                generator,
+                tokenizer,
+                params,
+                exp.rollout.max_total_tokens,
+                stats,
+            )
             items = [JudgeItem.of(prefixes[q], c) for q, g in zip(live, groups) for c in g]
             scores = iter(annotate(items))
             for q, group in zip(live, groups):
@@ -89,13 +111,25 @@ def collect(rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progres
                     pairs += step_pairs(env, state, cands, cfg.chosen_min, cfg.rejected_max)
         bar.update(len(chunk))
     bar.close()
-    summary = {"questions": len(examples), "kept_episodes": kept, "steps": steps, "pairs": len(pairs),
-               "candidates_per_step": cfg.n, **stats.metrics()}  # fmt: skip
+    summary = {
+        "questions": len(examples),
+        "kept_episodes": kept,
+        "steps": steps,
+        "pairs": len(pairs),
+        "candidates_per_step": cfg.n,
+        **stats.metrics(),
+    }
     return pairs, records, summary
 
 
-def save(out: Path, pairs: list[dict[str, Any]], records: list[dict[str, Any]], summary: dict[str, Any],
-         exp: Any, model: str) -> None:  # fmt: skip
+def save(
+    out: Path,
+    pairs: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    summary: dict[str, Any],
+    exp: Any,
+    model: str,
+) -> None:
     from datasets import Dataset
 
     out.mkdir(parents=True, exist_ok=True)
@@ -141,8 +175,11 @@ def _load(path: Path) -> list[dict[str, Any]]:
     from searchrl.errors import ConfigError
 
     if not path.exists():
-        raise ConfigError("no process data there; collect it with `searchrl collect-process-data EXP.yaml --model DIR`",
-                          key="process_data.out", value=str(path.parent))  # fmt: skip
+        raise ConfigError(
+            "no process data there; collect it with `searchrl collect-process-data EXP.yaml --model DIR`",
+            key="process_data.out",
+            value=str(path.parent),
+        )
     return [dict(r) for r in load_from_disk(str(path))]
 
 

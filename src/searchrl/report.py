@@ -173,8 +173,10 @@ def report(paths: list[str | Path], out: str | Path) -> Path:
     pngs = plot(groups, out)
     (out / "report.md").write_text(md + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     rows = html_table(md)
-    imgs = "".join(f'<figure><img src="{p.name}" alt="{p.stem}"><figcaption>{html.escape(p.stem)}</figcaption></figure>\n'
-                   for p in pngs)  # fmt: skip
+    imgs = "".join(
+        f'<figure><img src="{p.name}" alt="{p.stem}"><figcaption>{html.escape(p.stem)}</figcaption></figure>\n'
+        for p in pngs
+    )
     (
         out / "index.html"
     ).write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>searchrl report</title>

@@ -16,8 +16,20 @@ from searchrl.config import Experiment, save_resolved, to_dict
 from searchrl.errors import ConfigError
 
 # what `searchrl train` writes into output_dir (all of it is removed by --force, nothing else)
-RUN_FILES = ("checkpoints", "sft", "final", "final.tmp", "eval", "world", "tensorboard",
-             "metrics.jsonl", "results.json", "results.md", "learning_curve.png", "config.yaml")  # fmt: skip
+RUN_FILES = (
+    "checkpoints",
+    "sft",
+    "final",
+    "final.tmp",
+    "eval",
+    "world",
+    "tensorboard",
+    "metrics.jsonl",
+    "results.json",
+    "results.md",
+    "learning_curve.png",
+    "config.yaml",
+)
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -36,8 +48,11 @@ def resolved(exp: Experiment) -> dict[str, Any]:
 
 def differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     a, b = _flat(saved), _flat(now)
-    return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in sorted(a.keys() | b.keys())
-            if a.get(k) != b.get(k)]  # fmt: skip
+    return [
+        f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k) != b.get(k)
+    ]
 
 
 def check_run_dir(exp: Experiment, force: bool = False) -> None:
@@ -49,8 +64,9 @@ def check_run_dir(exp: Experiment, force: bool = False) -> None:
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"the run's saved config is unreadable ({exc}); use --force to start the run over",
-                          file=str(path)) from None  # fmt: skip
+        raise ConfigError(
+            f"the run's saved config is unreadable ({exc}); use --force to start the run over", file=str(path)
+        ) from None
     diff = differences(saved, resolved(exp))
     if diff:
         shown = "\n    ".join(diff[:20]) + (f"\n    ... and {len(diff) - 20} more" if len(diff) > 20 else "")

@@ -38,8 +38,11 @@ class Runtime:
                 world.save(world_dir)
             return world
         if self.exp.data.world_dir is not None:
-            raise ConfigError("no world found there; create it with `searchrl world --out DIR`",
-                              key="data.world_dir", value=str(world_dir))  # fmt: skip
+            raise ConfigError(
+                "no world found there; create it with `searchrl world --out DIR`",
+                key="data.world_dir",
+                value=str(world_dir),
+            )
         world = World.generate(self.exp.data.world)
         world.save(world_dir)
         return world
@@ -87,10 +90,20 @@ class Runtime:
     def env(self) -> SearchEnv:
         e = self.exp.env
         chat = self.chat_format if e.template in CHAT_TEMPLATES else None
-        return SearchEnv(self.retriever, tags=e.tags, template=e.template, topk=e.topk, max_turns=e.max_turns,
-                         max_query_chars=e.max_query_chars, on_budget=e.on_budget,
-                         doc_max_words=e.doc_max_words, agent=e.agent, summarizer=self.summarizer, chat=chat,
-                         doc_format=e.doc_format)  # fmt: skip
+        return SearchEnv(
+            self.retriever,
+            tags=e.tags,
+            template=e.template,
+            topk=e.topk,
+            max_turns=e.max_turns,
+            max_query_chars=e.max_query_chars,
+            on_budget=e.on_budget,
+            doc_max_words=e.doc_max_words,
+            agent=e.agent,
+            summarizer=self.summarizer,
+            chat=chat,
+            doc_format=e.doc_format,
+        )
 
     @cached_property
     def chat_format(self) -> Any:
@@ -99,16 +112,25 @@ class Runtime:
 
         m = self.exp.model
         if m.path is None and m.tokenizer == "local":  # trained on the world, without a chat template
-            raise ConfigError(f"template '{self.exp.env.template}' renders the prompt through the model's chat "
-                              "template; the local tokenizer has none", key="env.template", value=self.exp.env.template,
-                              choices=list(TEMPLATES), hint="set model.tokenizer: qwen2.5, or use a plain template")  # fmt: skip
+            raise ConfigError(
+                f"template '{self.exp.env.template}' renders the prompt through the model's chat "
+                "template; the local tokenizer has none",
+                key="env.template",
+                value=self.exp.env.template,
+                choices=list(TEMPLATES),
+                hint="set model.tokenizer: qwen2.5, or use a plain template",
+            )
         path = local_model_dir(self)
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=Path(path).is_dir())
         if not tok.chat_template:
-            raise ConfigError(f"template '{self.exp.env.template}' renders the prompt through the model's chat "
-                              f"template, but the tokenizer in {path} has none", key="env.template",
-                              value=self.exp.env.template, choices=list(TEMPLATES),
-                              hint="use a plain template, or model.tokenizer: qwen2.5 / an instruct model")  # fmt: skip
+            raise ConfigError(
+                f"template '{self.exp.env.template}' renders the prompt through the model's chat "
+                f"template, but the tokenizer in {path} has none",
+                key="env.template",
+                value=self.exp.env.template,
+                choices=list(TEMPLATES),
+                hint="use a plain template, or model.tokenizer: qwen2.5 / an instruct model",
+            )
 
         def render(messages: list[dict[str, Any]]) -> str:
             return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))

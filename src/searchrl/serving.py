@@ -27,8 +27,14 @@ class ServiceError(SearchRLError, ConnectionError):
         self.status = status
 
 
-def post_json(url: str, payload: dict[str, Any], timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
-              headers: dict[str, str] | None = None) -> Any:  # fmt: skip
+def post_json(
+    url: str,
+    payload: dict[str, Any],
+    timeout: float = 30.0,
+    retries: int = 3,
+    backoff: float = 0.5,
+    headers: dict[str, str] | None = None,
+) -> Any:
     """POST ``payload`` as JSON and return the decoded answer. Connection errors, timeouts and HTTP 5xx are
     retried; HTTP 4xx is not (it will not go away). Header values (API keys) never appear in errors."""
     body = json.dumps(payload).encode()

@@ -48,8 +48,16 @@ class Run:
 
     def command(self, launch_config: str | None = None) -> list[str]:
         # --resume: a run interrupted mid-way (a killed sweep) continues from its last checkpoint
-        args = ["-m", "searchrl", "train", str(self.config), "--resume", f"name={self.name}",
-                f"output_dir={self.out}", *self.overrides]  # fmt: skip
+        args = [
+            "-m",
+            "searchrl",
+            "train",
+            str(self.config),
+            "--resume",
+            f"name={self.name}",
+            f"output_dir={self.out}",
+            *self.overrides,
+        ]
         if launch_config:
             accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
             return [accelerate, "launch", "--config_file", launch_config, *args]
@@ -100,8 +108,9 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
     seen: set[str] = set()
     for i, var in enumerate(variants):
         if not isinstance(var, dict) or set(var) - {"name", "config", "overrides"}:
-            raise ConfigError("each variant is {name, config?, overrides?}", file=str(path), key=f"variants[{i}]",
-                              value=var)  # fmt: skip
+            raise ConfigError(
+                "each variant is {name, config?, overrides?}", file=str(path), key=f"variants[{i}]", value=var
+            )
         config = Path(os.path.normpath(here / var["config"])) if var.get("config") else base
         if not config.exists():
             raise ConfigError(
@@ -113,14 +122,23 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
             ]
             run_name = "-".join(p for p in parts if p) or name
             if run_name in seen:
-                raise ConfigError(f"two runs would be named '{run_name}': give the variants distinct names",
-                                  file=str(path), key="variants")  # fmt: skip
+                raise ConfigError(
+                    f"two runs would be named '{run_name}': give the variants distinct names",
+                    file=str(path),
+                    key="variants",
+                )
             seen.add(run_name)
             grid_over = tuple(
                 f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in zip(grid, combo)
             )
-            sweep.runs.append(Run(run_name, config, (*common, *(str(o) for o in var.get("overrides") or []),
-                                                     *grid_over), sweep.dir / run_name))  # fmt: skip
+            sweep.runs.append(
+                Run(
+                    run_name,
+                    config,
+                    (*common, *(str(o) for o in var.get("overrides") or []), *grid_over),
+                    sweep.dir / run_name,
+                )
+            )
     return sweep
 
 
@@ -156,10 +174,16 @@ def run_sweep(
         with log.open("a") as fh:  # an interrupted run's earlier log is kept
             rc = subprocess.run(r.command(launch_config), stdout=fh, stderr=subprocess.STDOUT).returncode
         ok = rc == 0 and r.done
-        print(f"{'finished' if ok else 'FAILED  '} {r.name} ({time.perf_counter() - t:.0f} s){'' if ok else f', see {log}'}",
-              flush=True)  # fmt: skip
-        return r.name, {"status": "done" if ok else "failed", "returncode": rc, "log": str(log),
-                        "seconds": time.perf_counter() - t}  # fmt: skip
+        print(
+            f"{'finished' if ok else 'FAILED  '} {r.name} ({time.perf_counter() - t:.0f} s){'' if ok else f', see {log}'}",
+            flush=True,
+        )
+        return r.name, {
+            "status": "done" if ok else "failed",
+            "returncode": rc,
+            "log": str(log),
+            "seconds": time.perf_counter() - t,
+        }
 
     print(
         f"sweep {sweep.name}: {len(sweep.runs)} runs, {len(sweep.runs) - len(todo)} already done, {len(todo)} to run"

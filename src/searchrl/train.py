@@ -26,8 +26,10 @@ def teacher_sft_records(rt: Runtime, passes: int) -> list[dict[str, Any]]:
     from searchrl.envs.synthetic.teacher import teacher_records
 
     if rt.world is None:
-        raise ConfigError("the SFT warm start uses the synthetic world's teacher; set data.source: synthetic",
-                          key="warm_start")  # fmt: skip
+        raise ConfigError(
+            "the SFT warm start uses the synthetic world's teacher; set data.source: synthetic",
+            key="warm_start",
+        )
     cache = rt.exp.out / "sft" / f"teacher-{passes}.jsonl"
     if cache.exists():
         return list(read_jsonl(cache))
@@ -53,9 +55,14 @@ def make_evaluator(rt: Runtime, split: str, limit: int | None) -> Any:
         eng = trainer.engine
         shard = examples[eng.rank :: eng.world_size]
         with eng.for_generation(trainer.policy) as model:
-            states = run_policy(lambda: nullcontext(model), trainer.tokenizer, rt.env(), shard,
-                                max_new_tokens=rt.exp.rollout.max_new_tokens,
-                                max_total_tokens=rt.exp.rollout.max_total_tokens)  # fmt: skip
+            states = run_policy(
+                lambda: nullcontext(model),
+                trainer.tokenizer,
+                rt.env(),
+                shard,
+                max_new_tokens=rt.exp.rollout.max_new_tokens,
+                max_total_tokens=rt.exp.rollout.max_total_tokens,
+            )
         m = episode_metrics(eng.gather_objects(states))
         return {f"eval/{k}": float(v) for k, v in m.items() if isinstance(v, int | float)}
 
@@ -86,8 +93,15 @@ def evaluate_final(rt: Runtime, model_dir: Path, name: str, state: Any) -> dict[
     e = rt.exp
     model, tokenizer = load_model_and_tokenizer(model_dir, whole=True)
     shard = _shard(rt.examples(e.eval.split)[: e.eval.limit], state)
-    states = run_policy(lambda: nullcontext(model), tokenizer, rt.env(), shard, e.eval.temperature,
-                        e.rollout.max_new_tokens, e.rollout.max_total_tokens)  # fmt: skip
+    states = run_policy(
+        lambda: nullcontext(model),
+        tokenizer,
+        rt.env(),
+        shard,
+        e.eval.temperature,
+        e.rollout.max_new_tokens,
+        e.rollout.max_total_tokens,
+    )
     m = episode_metrics(_gathered(states, state))
     if state.is_main_process:
         write_results(e.out / "eval", name, m)
@@ -107,16 +121,34 @@ def evaluate_best_of_n(
     policy, tok = load_model_and_tokenizer(policy_dir, whole=True)
     examples = rt.examples(e.eval.split)[: e.eval.limit]
     shard = _shard(examples, state) if state is not None else examples
-    states = run_best_of_n(policy.eval(), tok, PRMScorer(prm_dir), rt.env(), shard, n, e.eval.best_of_temperature,
-                           e.rollout.max_new_tokens, e.rollout.max_total_tokens, e.rollout.batch_size)  # fmt: skip
+    states = run_best_of_n(
+        policy.eval(),
+        tok,
+        PRMScorer(prm_dir),
+        rt.env(),
+        shard,
+        n,
+        e.eval.best_of_temperature,
+        e.rollout.max_new_tokens,
+        e.rollout.max_total_tokens,
+        e.rollout.batch_size,
+    )
     m = episode_metrics(_gathered(states, state) if state is not None else states)
     if state is None or state.is_main_process:
         write_results(e.out / "eval", f"prm-best-of-{n}-{e.eval.split}", m)
     return m
 
 
-def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, trainer_cfg: Any, out: Path,
-              records: list[dict[str, Any]] | None, resume: bool) -> Path:  # fmt: skip
+def run_stage(
+    rt: Runtime,
+    algorithm: str,
+    args: dict[str, Any],
+    model: Path,
+    trainer_cfg: Any,
+    out: Path,
+    records: list[dict[str, Any]] | None,
+    resume: bool,
+) -> Path:
     from searchrl.engine.checkpoint import has_weights
     from searchrl.engine.trainer import Trainer
 
@@ -125,10 +157,21 @@ def run_stage(rt: Runtime, algorithm: str, args: dict[str, Any], model: Path, tr
     if (out / "final").exists():  # an export interrupted by an older version: redo it from the checkpoints
         from accelerate import PartialState
 
-        PartialState().print(f"{out / 'final'} has no weights (an interrupted export); it is redone"
-              + (" from the last checkpoint" if resume else ": pass --resume to redo only the export"))  # fmt: skip
-    trainer = Trainer(algorithm=algorithm, algorithm_args=args, model_path=model.resolve(), cfg=trainer_cfg, out_dir=out,
-                      runtime=rt, records=records, resume=resume, seed=rt.exp.seed)  # fmt: skip
+        PartialState().print(
+            f"{out / 'final'} has no weights (an interrupted export); it is redone"
+            + (" from the last checkpoint" if resume else ": pass --resume to redo only the export")
+        )
+    trainer = Trainer(
+        algorithm=algorithm,
+        algorithm_args=args,
+        model_path=model.resolve(),
+        cfg=trainer_cfg,
+        out_dir=out,
+        runtime=rt,
+        records=records,
+        resume=resume,
+        seed=rt.exp.seed,
+    )
     evaluator = (
         make_evaluator(rt, trainer_cfg.eval_split, trainer_cfg.eval_limit) if trainer_cfg.eval_every else None
     )

@@ -82,12 +82,19 @@ def _batch(rewards, groups, old, ref):
     mask = torch.ones(B, T)
     mask[:, 0] = 0
     return RolloutBatch(
-        input_ids=torch.zeros(B, T, dtype=torch.long), attention_mask=torch.ones(B, T, dtype=torch.long),
-        loss_mask=mask, obs_mask=torch.zeros(B, T, dtype=torch.bool), step_ids=torch.full((B, T), -1),
-        step_ends=torch.zeros(B, 1, dtype=torch.long), step_mask=torch.zeros(B, 1, dtype=torch.bool),
-        sampled_logprobs=torch.zeros(B, T), rewards=torch.tensor(rewards), step_rewards=torch.zeros(B, 1),
-        group_ids=torch.tensor(groups), extras={"old_logp": old * mask, "ref_logp": ref * mask},
-    )  # fmt: skip
+        input_ids=torch.zeros(B, T, dtype=torch.long),
+        attention_mask=torch.ones(B, T, dtype=torch.long),
+        loss_mask=mask,
+        obs_mask=torch.zeros(B, T, dtype=torch.bool),
+        step_ids=torch.full((B, T), -1),
+        step_ends=torch.zeros(B, 1, dtype=torch.long),
+        step_mask=torch.zeros(B, 1, dtype=torch.bool),
+        sampled_logprobs=torch.zeros(B, T),
+        rewards=torch.tensor(rewards),
+        step_rewards=torch.zeros(B, 1),
+        group_ids=torch.tensor(groups),
+        extras={"old_logp": old * mask, "ref_logp": ref * mask},
+    )
 
 
 def test_grpo_loss_equals_eq1_by_hand():
@@ -131,8 +138,11 @@ def test_sft_targets_actions_or_everything(tiny_model_dir):
     from searchrl.models import load_model_and_tokenizer
 
     _, tok = load_model_and_tokenizer(tiny_model_dir)
-    rec = {"prompt": "Question: q?\n", "actions": ["<search> a </search>", "<answer> b </answer>"],
-           "observations": ["\n<information>doc</information>\n", ""]}  # fmt: skip
+    rec = {
+        "prompt": "Question: q?\n",
+        "actions": ["<search> a </search>", "<answer> b </answer>"],
+        "observations": ["\n<information>doc</information>\n", ""],
+    }
     acts = build_batch([record_to_trajectory(rec, tok)], tok.pad_token_id)
     n_act = sum(len(tok(a, add_special_tokens=False)["input_ids"]) for a in rec["actions"])
     assert acts.loss_mask.sum() == n_act and acts.obs_mask.any()

@@ -69,8 +69,9 @@ def test_token_rewards_put_outcome_last_and_steps_at_step_ends():
     loss_mask = torch.tensor([[0, 1, 1, 0, 1, 1, 0, 0.0], [0, 0, 1, 1, 1, 0, 0, 0]])
     step_ends = torch.tensor([[2, 5], [4, 0]])
     step_mask = torch.tensor([[True, True], [True, False]])
-    out = token_rewards(torch.tensor([1.0, 0.5]), torch.tensor([[0.2, -0.3], [0.4, 9.0]]), step_ends,
-                        step_mask, loss_mask)  # fmt: skip
+    out = token_rewards(
+        torch.tensor([1.0, 0.5]), torch.tensor([[0.2, -0.3], [0.4, 9.0]]), step_ends, step_mask, loss_mask
+    )
     expected = torch.tensor([[0, 0, 0.2, 0, 0, 0.7, 0, 0], [0, 0, 0, 0, 0.9, 0, 0, 0]])
     assert torch.allclose(out, expected)
 
@@ -91,19 +92,36 @@ def test_clipped_value_loss_by_hand():
 def batch_for(rewards, old_logp, ref_logp, loss_mask, values=None):
     B, T = loss_mask.shape
     return RolloutBatch(
-        input_ids=torch.zeros(B, T, dtype=torch.long), attention_mask=torch.ones(B, T, dtype=torch.long),
-        loss_mask=loss_mask, obs_mask=torch.zeros(B, T, dtype=torch.bool),
-        step_ids=torch.zeros(B, T, dtype=torch.long), step_ends=torch.zeros(B, 1, dtype=torch.long),
-        step_mask=torch.zeros(B, 1, dtype=torch.bool), sampled_logprobs=old_logp, rewards=rewards,
-        step_rewards=torch.zeros(B, 1), group_ids=torch.arange(B),
-        extras={"old_logp": old_logp, "ref_logp": ref_logp,
-                "old_values": values if values is not None else torch.zeros(B, T)},
-    )  # fmt: skip
+        input_ids=torch.zeros(B, T, dtype=torch.long),
+        attention_mask=torch.ones(B, T, dtype=torch.long),
+        loss_mask=loss_mask,
+        obs_mask=torch.zeros(B, T, dtype=torch.bool),
+        step_ids=torch.zeros(B, T, dtype=torch.long),
+        step_ends=torch.zeros(B, 1, dtype=torch.long),
+        step_mask=torch.zeros(B, 1, dtype=torch.bool),
+        sampled_logprobs=old_logp,
+        rewards=rewards,
+        step_rewards=torch.zeros(B, 1),
+        group_ids=torch.arange(B),
+        extras={
+            "old_logp": old_logp,
+            "ref_logp": ref_logp,
+            "old_values": values if values is not None else torch.zeros(B, T),
+        },
+    )
 
 
 def algo(**kw):
-    ctx = Context(env=None, generator=None, tokenizer=None, rewards=None, sampling=None, group_size=1,
-                  max_total_tokens=8, train_examples=[])  # fmt: skip
+    ctx = Context(
+        env=None,
+        generator=None,
+        tokenizer=None,
+        rewards=None,
+        sampling=None,
+        group_size=1,
+        max_total_tokens=8,
+        train_examples=[],
+    )
     return PPO(PPOConfig(**kw), ctx)
 
 

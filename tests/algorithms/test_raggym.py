@@ -25,18 +25,36 @@ def trl_sigmoid_dpo(
 
     B, T = chosen.shape
     per_token = torch.cat([chosen, rejected])  # the batch is [chosen, rejected]
-    outputs = SimpleNamespace(log_probs=per_token, entropy=torch.zeros(2 * B, T), mean_logits=torch.zeros(2 * B, T),
-                              is_top1=torch.zeros(2 * B, T, dtype=torch.bool))  # fmt: skip
+    outputs = SimpleNamespace(
+        log_probs=per_token,
+        entropy=torch.zeros(2 * B, T),
+        mean_logits=torch.zeros(2 * B, T),
+        is_top1=torch.zeros(2 * B, T, dtype=torch.bool),
+    )
     model = SimpleNamespace(training=True)
     stub = SimpleNamespace(
-        model=model, accelerator=SimpleNamespace(device="cpu", gather_for_metrics=lambda x: x, gather=lambda x: x),
+        model=model,
+        accelerator=SimpleNamespace(device="cpu", gather_for_metrics=lambda x: x, gather=lambda x: x),
         aux_loss_enabled=False,
-        ld_alpha=None, precompute_ref_logps=True, f_divergence_type="reverse_kl", loss_types=list(loss_types),
-        loss_weights=list(loss_weights), beta=beta, label_smoothing=0.0, use_weighting=False, _metrics=defaultdict(lambda: defaultdict(list)),
-        _total_train_tokens=0, _tp_size=1,
-    )  # fmt: skip
-    inputs = {"input_ids": torch.zeros(2 * B, T + 1, dtype=torch.long), "attention_mask": torch.ones(2 * B, T + 1),
-              "completion_mask": torch.ones(2 * B, T + 1), "ref_chosen_logps": ref_chosen, "ref_rejected_logps": ref_rejected}  # fmt: skip
+        ld_alpha=None,
+        precompute_ref_logps=True,
+        f_divergence_type="reverse_kl",
+        loss_types=list(loss_types),
+        loss_weights=list(loss_weights),
+        beta=beta,
+        label_smoothing=0.0,
+        use_weighting=False,
+        _metrics=defaultdict(lambda: defaultdict(list)),
+        _total_train_tokens=0,
+        _tp_size=1,
+    )
+    inputs = {
+        "input_ids": torch.zeros(2 * B, T + 1, dtype=torch.long),
+        "attention_mask": torch.ones(2 * B, T + 1),
+        "completion_mask": torch.ones(2 * B, T + 1),
+        "ref_chosen_logps": ref_chosen,
+        "ref_rejected_logps": ref_rejected,
+    }
     return DPOTrainer._compute_loss(stub, lambda **kw: outputs, inputs, False)
 
 
@@ -56,8 +74,9 @@ def test_rpo_term_equals_trl_dpo_plus_its_sft_loss(alpha):
     g = torch.Generator().manual_seed(1)
     chosen, rejected = -torch.rand(4, 7, generator=g) * 3, -torch.rand(4, 7, generator=g) * 3
     ref_c, ref_r = -torch.rand(4, generator=g) * 10, -torch.rand(4, generator=g) * 10
-    ours, _ = dpo_loss(chosen.sum(1), rejected.sum(1), ref_c, ref_r, 0.1, rpo_alpha=alpha,
-                       chosen_nll=-chosen.mean(1))  # fmt: skip
+    ours, _ = dpo_loss(
+        chosen.sum(1), rejected.sum(1), ref_c, ref_r, 0.1, rpo_alpha=alpha, chosen_nll=-chosen.mean(1)
+    )
     theirs = trl_sigmoid_dpo(chosen, rejected, ref_c, ref_r, 0.1, ("sigmoid", "sft"), (1.0, alpha))
     assert float(ours.mean()) == pytest.approx(float(theirs), rel=1e-6)
     plain, _ = dpo_loss(chosen.sum(1), rejected.sum(1), ref_c, ref_r, 0.1)
@@ -110,8 +129,11 @@ def test_collection_keeps_correct_episodes_and_pairs_every_step(one_hop, make_ex
     # step 1: gold search (1), junk search (-1), wrong answer (-2), malformed (-3) -> the gold search runs
     # step 2: right answer (2), wrong answer (-2), gold search again (every hop resolved: -1), junk (-1)
     gen = ScriptedCandidates(tok, [[gold, junk, wrong, "<think> x </think>"], [right, wrong, gold, junk]])
-    rt = SimpleNamespace(exp=exp, env=lambda: SearchEnv(world_bm25, template="short", topk=1, max_turns=3),
-                         examples=lambda split: [ex])  # fmt: skip
+    rt = SimpleNamespace(
+        exp=exp,
+        env=lambda: SearchEnv(world_bm25, template="short", topk=1, max_turns=3),
+        examples=lambda split: [ex],
+    )
     pairs, records, summary = collect(rt, gen, tok, progress=False)
     assert summary["kept_episodes"] == 1 and summary["steps"] == 2 and len(records) == 1
     by_step = defaultdict(set)
@@ -126,8 +148,11 @@ def test_a_wrong_final_answer_drops_the_episode(one_hop, make_exp, world_bm25):
     tok, ex = one_hop
     wrong = "<think> a </think>\n<answer> nobody </answer>"
     exp = make_exp("process_data={n: 2}")
-    rt = SimpleNamespace(exp=exp, env=lambda: SearchEnv(world_bm25, template="short", topk=1, max_turns=3),
-                         examples=lambda split: [ex])  # fmt: skip
+    rt = SimpleNamespace(
+        exp=exp,
+        env=lambda: SearchEnv(world_bm25, template="short", topk=1, max_turns=3),
+        examples=lambda split: [ex],
+    )
     pairs, records, summary = collect(rt, ScriptedCandidates(tok, [[wrong]]), tok, progress=False)
     assert summary["kept_episodes"] == 0 and pairs == [] and records == []
 
@@ -157,8 +182,12 @@ def test_best_of_n_follows_the_highest_prm_score(one_hop, world_bm25, tiny_model
         "<think> d </think>\n<answer> x </answer>",
     )
     env = SearchEnv(world_bm25, template="short", topk=1, max_turns=3)
-    table = {tok.decode(encode(tok, a)): 1.0, tok.decode(encode(tok, b)): 0.5, tok.decode(encode(tok, c)): 3.0,
-             tok.decode(encode(tok, d)): -1.0}  # fmt: skip
+    table = {
+        tok.decode(encode(tok, a)): 1.0,
+        tok.decode(encode(tok, b)): 0.5,
+        tok.decode(encode(tok, c)): 3.0,
+        tok.decode(encode(tok, d)): -1.0,
+    }
     import searchrl.rollout.hf as hf
 
     gen = ScriptedCandidates(tok, [[b, a, b, a], [d, c, d, d]])
@@ -175,9 +204,20 @@ def pair_records(small_world, n=8):
     out = []
     for ex in small_world.examples("train")[:n]:
         hop = ex.hops[0]
-        out.append({"id": ex.id, "question": ex.question, "prompt": f"Question: {ex.question}\n", "actions": [],
-                    "observations": [], "step": 0, "chosen": f"<think> a </think>\n<search> {hop.keys[0]} </search>",
-                    "rejected": "<think> a </think>\n<answer> nobody </answer>", "chosen_score": 1.0, "rejected_score": -2.0})  # fmt: skip
+        out.append(
+            {
+                "id": ex.id,
+                "question": ex.question,
+                "prompt": f"Question: {ex.question}\n",
+                "actions": [],
+                "observations": [],
+                "step": 0,
+                "chosen": f"<think> a </think>\n<search> {hop.keys[0]} </search>",
+                "rejected": "<think> a </think>\n<answer> nobody </answer>",
+                "chosen_score": 1.0,
+                "rejected_score": -2.0,
+            }
+        )
     return out
 
 
@@ -191,8 +231,16 @@ def test_dpo_trains_and_prefers_the_chosen_actions(make_exp, small_world, lora):
     exp = make_exp(*(["model.lora={r: 4, alpha: 8}"] if lora else []))
     mini = 1 if lora else 2  # two mini-batches: pairs are shuffled as pairs
     cfg = TrainerConfig(steps=6, batch_size=4, micro_batch_size=4, lr=5e-3, save_every=6, mini_batches=mini)
-    tr = Trainer(algorithm="dpo", algorithm_args={"beta": 0.5}, model_path=exp.model.path, cfg=cfg, out_dir=exp.out,
-                 runtime=Runtime(exp), records=pair_records(small_world), seed=0)  # fmt: skip
+    tr = Trainer(
+        algorithm="dpo",
+        algorithm_args={"beta": 0.5},
+        model_path=exp.model.path,
+        cfg=cfg,
+        out_dir=exp.out,
+        runtime=Runtime(exp),
+        records=pair_records(small_world),
+        seed=0,
+    )
     assert tr.reference is not None and tr.reference.shared == lora
     tr.run()
     rows = read_metrics(exp.out / "metrics.jsonl")
@@ -211,8 +259,16 @@ def test_prm_trains_saves_and_scores(make_exp, small_world):
     exp = make_exp()
     cfg = TrainerConfig(steps=8, batch_size=4, micro_batch_size=8, lr=5e-3, save_every=8)
     recs = pair_records(small_world)
-    tr = Trainer(algorithm="prm", algorithm_args={}, model_path=exp.model.path, cfg=cfg, out_dir=exp.out,
-                 runtime=Runtime(exp), records=recs, seed=0)  # fmt: skip
+    tr = Trainer(
+        algorithm="prm",
+        algorithm_args={},
+        model_path=exp.model.path,
+        cfg=cfg,
+        out_dir=exp.out,
+        runtime=Runtime(exp),
+        records=recs,
+        seed=0,
+    )
     final = tr.run()
     rows = read_metrics(exp.out / "metrics.jsonl")
     assert rows[-1]["train/prm_accuracy"] == 1.0 and rows[-1]["train/loss"] < rows[0]["train/loss"]

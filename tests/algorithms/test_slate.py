@@ -76,8 +76,16 @@ def test_two_step_episode_by_hand(toy):
     right = f"<think> it is {hop.answer} </think>\n<answer> {ex.answers[0]} </answer>"
     wrong = "<think> hmm </think>\n<answer> nobody </answer>"
     gen = ScriptedCandidates(tok, [[good, bad], [right, wrong]])
-    ctx = Context(env=env, generator=gen, tokenizer=tok, rewards=None, sampling=SamplingParams(), group_size=1,
-                  max_total_tokens=400, train_examples=[ex])  # fmt: skip
+    ctx = Context(
+        env=env,
+        generator=gen,
+        tokenizer=tok,
+        rewards=None,
+        sampling=SamplingParams(),
+        group_size=1,
+        max_total_tokens=400,
+        train_examples=[ex],
+    )
     algo = SLATE(SLATEConfig(k=2, selection="best", bonus=0.1), ctx)
     out, m = algo.collect([0])
     assert (
@@ -112,8 +120,16 @@ def test_gradients_come_only_from_candidate_tokens(toy, tiny_model_dir):
     gen = ScriptedCandidates(
         tok, [[f"<think> a </think>\n<search> {hop.keys[0]} </search>"], ["<answer> x </answer>"]]
     )
-    ctx = Context(env=env, generator=gen, tokenizer=tok, rewards=None, sampling=SamplingParams(), group_size=1,
-                  max_total_tokens=400, train_examples=[ex])  # fmt: skip
+    ctx = Context(
+        env=env,
+        generator=gen,
+        tokenizer=tok,
+        rewards=None,
+        sampling=SamplingParams(),
+        group_size=1,
+        max_total_tokens=400,
+        train_examples=[ex],
+    )
     algo = SLATE(SLATEConfig(k=2, kl_coef=0.0), ctx)
     out, _ = algo.collect([0])
     batch = build_batch(out, tok.pad_token_id)

@@ -92,9 +92,13 @@ def test_example_json_round_trip(small_world):
 
 @pytest.mark.parametrize(
     "sub, fmt",
-    [("musique/hipporag_musique_train_100.json", "musique"), ("hotpotqa/hipporag_hotpotqa_train_100.json", "hotpotqa"),
-     ("bamboogle/test.jsonl", "flashrag"), ("popqa/test_subsample.jsonl", "flashrag")],
-)  # fmt: skip
+    [
+        ("musique/hipporag_musique_train_100.json", "musique"),
+        ("hotpotqa/hipporag_hotpotqa_train_100.json", "hotpotqa"),
+        ("bamboogle/test.jsonl", "flashrag"),
+        ("popqa/test_subsample.jsonl", "flashrag"),
+    ],
+)
 def test_real_samples_when_present(sub, fmt, shared_data):
     """The real files in ../shared/data (used only when present; the fixtures above cover the formats)."""
     path = shared_data / sub

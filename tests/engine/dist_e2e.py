@@ -45,8 +45,10 @@ class TextJudge:
     def __call__(self, items: Any) -> list[Any]:
         from dataclasses import replace
 
-        return [replace(s, think=s.think + sum(map(ord, it.action)) % 7 / 6) for s, it in
-                zip(self.rule(items), items)]  # fmt: skip
+        return [
+            replace(s, think=s.think + sum(map(ord, it.action)) % 7 / 6)
+            for s, it in zip(self.rule(items), items)
+        ]
 
 
 if "dist_e2e_ids" not in REWARDS:

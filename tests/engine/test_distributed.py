@@ -98,8 +98,15 @@ def test_metrics_reduce_over_different_keys(run):
     _, out = run
     got = [pickle.loads((out / f"reduce-rank{r}.pkl").read_bytes()) for r in (0, 1)]
     assert got[0] == got[1]
-    expected = {"a/mean": (3 + 1) / (2 + 6), "a/sum": 12.0, "a/max": 2.5, "only0": 1.0, "only1/x": 9.0,
-                "only1/y": -1.0, "plain": 3.0}  # fmt: skip
+    expected = {
+        "a/mean": (3 + 1) / (2 + 6),
+        "a/sum": 12.0,
+        "a/max": 2.5,
+        "only0": 1.0,
+        "only1/x": 9.0,
+        "only1/y": -1.0,
+        "plain": 3.0,
+    }
     assert got[0] == pytest.approx(expected)
     assert got[0] == pytest.approx(combine([dist_e2e.report_of(0), dist_e2e.report_of(1)]))
 
@@ -198,22 +205,43 @@ def test_evaluation_checkpoint_and_resume(run):
 
 
 TINY_PIPELINE = [
-    "env.template=short", "env.topk=2", "env.max_turns=3", "rollout.max_new_tokens=32",
-    "rollout.max_total_tokens=320", "rollout.group_size=2", "rollout.temperature=1.0", "rollout.batch_size=16",
-    "rewards=[{name: f1}]", "warm_start.teacher_passes=1", "warm_start.args={}",
+    "env.template=short",
+    "env.topk=2",
+    "env.max_turns=3",
+    "rollout.max_new_tokens=32",
+    "rollout.max_total_tokens=320",
+    "rollout.group_size=2",
+    "rollout.temperature=1.0",
+    "rollout.batch_size=16",
+    "rewards=[{name: f1}]",
+    "warm_start.teacher_passes=1",
+    "warm_start.args={}",
     "warm_start.trainer={steps: 2, batch_size: 4, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}",
-    "trainer.steps=2", "trainer.batch_size=4", "trainer.micro_batch_size=4", "trainer.eval_every=1",
-    "trainer.eval_limit=7", "trainer.save_every=1", "eval.limit=9",
-]  # fmt: skip
+    "trainer.steps=2",
+    "trainer.batch_size=4",
+    "trainer.micro_batch_size=4",
+    "trainer.eval_every=1",
+    "trainer.eval_limit=7",
+    "trainer.save_every=1",
+    "eval.limit=9",
+]
 
 
 def test_train_pipeline_under_accelerate_launch(tmp_path, world_dir, agent_model_dir):
     """`searchrl train` end to end on 2 ZeRO-3 processes (warm start, GRPO with evaluation during
     training, evaluation of every stage sharded over the processes), then `--resume` of the finished run."""
     out = tmp_path / "run"
-    cmd = accelerate_cmd("cpu_zero3.yaml", "-m", "searchrl", "train", str(REPO / "experiments" / "quickstart.yaml"),
-                         f"data.world_dir={world_dir}", f"model.path={agent_model_dir}", f"output_dir={out}",
-                         *TINY_PIPELINE)  # fmt: skip
+    cmd = accelerate_cmd(
+        "cpu_zero3.yaml",
+        "-m",
+        "searchrl",
+        "train",
+        str(REPO / "experiments" / "quickstart.yaml"),
+        f"data.world_dir={world_dir}",
+        f"model.path={agent_model_dir}",
+        f"output_dir={out}",
+        *TINY_PIPELINE,
+    )
     env = launch_env("cpu_zero3.yaml")
     launch(cmd, env, tmp_path)
     import json
@@ -230,9 +258,18 @@ def test_desynchronised_run_fails_within_the_timeout(tmp_path, world_dir, agent_
     """One process issues a collective the other does not (a test hook): both must stop with an error that
     names the step and phase, within the configured timeout, instead of hanging."""
     out = tmp_path / "run"
-    cmd = accelerate_cmd("cpu_ddp.yaml", "-m", "searchrl", "train", str(REPO / "experiments" / "quickstart.yaml"),
-                         f"data.world_dir={world_dir}", f"output_dir={out}", f"warm_start.checkpoint={agent_model_dir}",
-                         *TINY_PIPELINE, "distributed.timeout=10")  # fmt: skip
+    cmd = accelerate_cmd(
+        "cpu_ddp.yaml",
+        "-m",
+        "searchrl",
+        "train",
+        str(REPO / "experiments" / "quickstart.yaml"),
+        f"data.world_dir={world_dir}",
+        f"output_dir={out}",
+        f"warm_start.checkpoint={agent_model_dir}",
+        *TINY_PIPELINE,
+        "distributed.timeout=10",
+    )
     env = launch_env("cpu_ddp.yaml", {"SEARCHRL_DEBUG_DESYNC": "1:1:collect:extra"})
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)

@@ -26,8 +26,15 @@ def llama(V: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     return add_lean_head(LlamaForCausalLM(cfg))
 
 
@@ -35,8 +42,15 @@ def qwen(V: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(2)
-    cfg = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     return add_lean_head(Qwen2ForCausalLM(cfg))
 
 
@@ -55,8 +69,13 @@ def test_lean_equals_full_with_gradients(build, temperature, monkeypatch):
     V = 20000 if build == "qwen-large-vocab" else 300
     if build == "qwen-large-vocab":  # several vocabulary tiles
         monkeypatch.setattr("searchrl.models.lean_head.VOCAB_TILE", 4096)
-    model = {"qwen": qwen, "llama": llama, "qwen-lora": lambda v: with_lora(qwen(v)),
-             "qwen-value-head": lambda v: PolicyWithValue(qwen(v)), "qwen-large-vocab": qwen}[build](V)  # fmt: skip
+    model = {
+        "qwen": qwen,
+        "llama": llama,
+        "qwen-lora": lambda v: with_lora(qwen(v)),
+        "qwen-value-head": lambda v: PolicyWithValue(qwen(v)),
+        "qwen-large-vocab": qwen,
+    }[build](V)
     values = build == "qwen-value-head"
     if values:
         torch.nn.init.normal_(model.value_head.weight)

@@ -24,8 +24,17 @@ def length_reward(traj, **_):
 
 def trainer_for(exp, algorithm, cfg, records=None, resume=False, out=None, args=None):
     rt = Runtime(exp)
-    return Trainer(algorithm=algorithm, algorithm_args=args or {}, model_path=exp.model.path, cfg=cfg,
-                   out_dir=out or exp.out, runtime=rt, records=records, resume=resume, seed=exp.seed)  # fmt: skip
+    return Trainer(
+        algorithm=algorithm,
+        algorithm_args=args or {},
+        model_path=exp.model.path,
+        cfg=cfg,
+        out_dir=out or exp.out,
+        runtime=rt,
+        records=records,
+        resume=resume,
+        seed=exp.seed,
+    )
 
 
 def state(model):
@@ -93,8 +102,16 @@ def test_grpo_lora_trains_the_adapter_only(make_exp):
     ).exists()
     assert all("lora_" in k for k in load_file(str(model_dir / "adapter_model.safetensors")))
     row = read_metrics(exp.out / "metrics.jsonl")[-1]
-    for key in ("train/loss", "train/kl", "train/clip_frac", "train/entropy", "reward/mean", "train/em",
-                "rollout/tokens_generated", "rollout/logprob_abs_diff"):  # fmt: skip
+    for key in (
+        "train/loss",
+        "train/kl",
+        "train/clip_frac",
+        "train/entropy",
+        "reward/mean",
+        "train/em",
+        "rollout/tokens_generated",
+        "rollout/logprob_abs_diff",
+    ):
         assert key in row and row[key] == row[key], key  # present and not NaN
     assert row["rollout/logprob_abs_diff"] < 1e-3  # sampler and trainer agree on the log-probs
 
@@ -166,16 +183,28 @@ def test_ppo_trains_policy_and_value_head(make_exp, lora):
     if lora:
         assert all("lora_" in k or k.startswith("value_head.") for k in changed)
     row = read_metrics(exp.out / "metrics.jsonl")[-1]
-    for key in ("train/value_loss", "train/pg_loss", "train/value_clip_frac", "critic/value_mean",
-                "critic/return_mean", "kl/coef", "kl/sequence"):  # fmt: skip
+    for key in (
+        "train/value_loss",
+        "train/pg_loss",
+        "train/value_clip_frac",
+        "critic/value_mean",
+        "critic/return_mean",
+        "kl/coef",
+        "kl/sequence",
+    ):
         assert key in row and row[key] == row[key], key
     assert row["kl/coef"] != 0.05  # adapted
     saved = json.loads((exp.out / "checkpoints" / "step-000002" / "trainer.json").read_text())
     assert saved["algorithm"]["kl_coef"] == pytest.approx(tr.algo.kl_coef)
     head = load_file(str(final / "value_head.safetensors"))
     assert torch.allclose(head["weight"], after["value_head.weight"])
-    resumed = trainer_for(exp, "ppo", TrainerConfig(steps=3, batch_size=2, micro_batch_size=4, lr=5e-3),
-                          args={"kl_coef": 0.05, "adaptive_kl": True}, resume=True)  # fmt: skip
+    resumed = trainer_for(
+        exp,
+        "ppo",
+        TrainerConfig(steps=3, batch_size=2, micro_batch_size=4, lr=5e-3),
+        args={"kl_coef": 0.05, "adaptive_kl": True},
+        resume=True,
+    )
     assert resumed.start_step == 2 and resumed.algo.kl_coef == pytest.approx(tr.algo.kl_coef)
     assert torch.allclose(state(resumed.policy)["value_head.weight"], after["value_head.weight"])
 
@@ -212,8 +241,15 @@ def test_slate_trains_on_step_candidates(make_exp):
     tr.run()
     assert any(not torch.equal(before[k], v) for k, v in state(tr.policy).items())
     row = read_metrics(exp.out / "metrics.jsonl")[-1]
-    for key in ("slate/step_reward", "slate/candidates", "slate/judge_failures", "slate/em", "train/kl",
-                "train/loss", "train/sequences"):  # fmt: skip
+    for key in (
+        "slate/step_reward",
+        "slate/candidates",
+        "slate/judge_failures",
+        "slate/em",
+        "train/kl",
+        "train/loss",
+        "train/sequences",
+    ):
         assert key in row and row[key] == row[key], key
     # every candidate is one trained sequence; the trainer's padding rows (up to k·B per question) are not
     assert row["slate/candidates"] >= 3 * 2 and row["train/sequences"] == row["slate/candidates"]

@@ -15,8 +15,12 @@ from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import encode, rollout
 from tests.helpers import ScriptedCandidates
 
-DOC = Doc(id="d1", title="Graitrekin", text="Graitrekin is a well-known singer. The birthplace of Graitrekin is "
-          "Grouthzeis. Graitrekin founded Bithruium.")  # fmt: skip
+DOC = Doc(
+    id="d1",
+    title="Graitrekin",
+    text="Graitrekin is a well-known singer. The birthplace of Graitrekin is "
+    "Grouthzeis. Graitrekin founded Bithruium.",
+)
 
 
 class OneDoc:
@@ -132,7 +136,9 @@ def test_process_data_of_the_research_agent_is_one_record_per_step(tiny_model_di
     assert records[1]["prompt"].startswith(step2) and records[1]["actions"] == [right]
     assert records[1]["observations"] == [""] and "<think> a" not in records[1]["prompt"]
     assert [(p["prompt"], p["actions"], p["chosen"], p["rejected"]) for p in pairs] == [
-        (records[0]["prompt"], [], good, bad), (records[1]["prompt"], [], right, bad)]  # fmt: skip
+        (records[0]["prompt"], [], good, bad),
+        (records[1]["prompt"], [], right, bad),
+    ]
 
 
 def test_online_algorithms_refuse_the_research_agent_but_collection_accepts_it():

@@ -183,8 +183,12 @@ def test_every_retrieval_is_counted_in_search_metrics(agent, world_bm25, small_w
     if agent in ("react", "research"):
         queries.append(ex.hops[0].keys[0])
         env.step(st, f"<think> first </think>\n<search> {queries[-1]} </search>")
-    env.step(st, f"<think> so </think>\n<answer> {ex.answers[0]} </answer>" if not st.force_answer
-             else f" {ex.answers[0]} </answer>")  # fmt: skip
+    env.step(
+        st,
+        f"<think> so </think>\n<answer> {ex.answers[0]} </answer>"
+        if not st.force_answer
+        else f" {ex.answers[0]} </answer>",
+    )
     assert st.done
     returned = {d.id for q in queries for d in world_bm25.search([q], 2)[0]}
     gold = set(ex.gold_doc_ids)

@@ -4,8 +4,17 @@ from searchrl.envs.synthetic.world import SPLITS, World, WorldConfig
 
 
 def test_same_seed_gives_byte_identical_files(tmp_path):
-    cfg = WorldConfig(seed=5, persons=60, cities=20, countries=4, films=20, companies=10, universities=8,
-                      bands=10, questions=(100, 20, 30))  # fmt: skip
+    cfg = WorldConfig(
+        seed=5,
+        persons=60,
+        cities=20,
+        countries=4,
+        films=20,
+        companies=10,
+        universities=8,
+        bands=10,
+        questions=(100, 20, 30),
+    )
     a, b = World.generate(cfg).save(tmp_path / "a"), World.generate(cfg).save(tmp_path / "b")
     names = sorted(p.name for p in a.iterdir())
     assert names == ["corpus.jsonl", "dev.jsonl", "test.jsonl", "train.jsonl", "world.json"]

@@ -202,11 +202,17 @@ def search_r1_valid(text):
         if not part.strip():
             continue
         if re.match(r"</?(?:think|search|information|answer)>", part):
-            nxt = {("<think>", "start"): "in_think", ("<think>", "information"): "in_think",
-                   ("</think>", "in_think"): "after_think", ("<search>", "after_think"): "in_search",
-                   ("</search>", "in_search"): "after_search", ("<information>", "after_search"): "in_information",
-                   ("</information>", "in_information"): "information", ("<answer>", "after_think"): "in_answer",
-                   ("</answer>", "in_answer"): "end"}.get((part, state))  # fmt: skip
+            nxt = {
+                ("<think>", "start"): "in_think",
+                ("<think>", "information"): "in_think",
+                ("</think>", "in_think"): "after_think",
+                ("<search>", "after_think"): "in_search",
+                ("</search>", "in_search"): "after_search",
+                ("<information>", "after_search"): "in_information",
+                ("</information>", "in_information"): "information",
+                ("<answer>", "after_think"): "in_answer",
+                ("</answer>", "in_answer"): "end",
+            }.get((part, state))
             if nxt is None:
                 return False
             state = nxt

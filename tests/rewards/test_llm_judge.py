@@ -18,10 +18,19 @@ from tests.helpers import JSONHandler
 
 @pytest.mark.parametrize(
     "text, score",
-    [("reasoning... <score>1</score>", 1.0), ("<score> -1 </score>", -1.0), ("<SCORE>+1</SCORE>", 1.0),
-     ("first <score>0</score> then <score>1</score>", 1.0), ("<score>1.0</score>", 1.0),
-     ("Final score: -1", -1.0), ("**Score**: 0", 0.0), ("no verdict", None), ("<score>5</score>", None), ("", None)],
-)  # fmt: skip
+    [
+        ("reasoning... <score>1</score>", 1.0),
+        ("<score> -1 </score>", -1.0),
+        ("<SCORE>+1</SCORE>", 1.0),
+        ("first <score>0</score> then <score>1</score>", 1.0),
+        ("<score>1.0</score>", 1.0),
+        ("Final score: -1", -1.0),
+        ("**Score**: 0", 0.0),
+        ("no verdict", None),
+        ("<score>5</score>", None),
+        ("", None),
+    ],
+)
 def test_parse_score(text, score):
     assert parse_score(text) == score
 
@@ -32,8 +41,11 @@ def items(world_bm25, small_world):
     ex = small_world.examples("train")[0]
     prefix = env.reset(ex)
     out = []
-    for action in (f"<think> need {ex.hops[0].gold_title} </think>\n<search> {ex.hops[0].keys[0]} </search>",
-                   f"<think> done </think>\n<answer> {ex.answers[0]} </answer>", "<think> x </think> garbage"):  # fmt: skip
+    for action in (
+        f"<think> need {ex.hops[0].gold_title} </think>\n<search> {ex.hops[0].keys[0]} </search>",
+        f"<think> done </think>\n<answer> {ex.answers[0]} </answer>",
+        "<think> x </think> garbage",
+    ):
         st = env.reset(ex)
         env.step(st, action)
         out.append(JudgeItem(prefix, action, st.infos[-1], tuple(st.retrieved[-1])))
@@ -51,8 +63,10 @@ def test_endpoint_backend_against_the_tiny_model_server(items, tiny_model_dir):
     server = make_chat_server(LocalChat(model, tok), "tiny", "127.0.0.1", 0).start()
     url = server.url + "/v1"
     try:
-        reply = post_json(url + "/chat/completions", {"model": "tiny", "max_tokens": 5,
-                          "messages": [{"role": "user", "content": "Hello"}]})  # fmt: skip
+        reply = post_json(
+            url + "/chat/completions",
+            {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "Hello"}]},
+        )
         assert reply["object"] == "chat.completion" and reply["choices"][0]["finish_reason"] in (
             "stop",
             "length",
@@ -75,8 +89,13 @@ class Scripted(JSONHandler):
         req = self.read_json()
         self.seen.append((self.headers.get("Authorization"), req))
         prompt = req["messages"][-1]["content"]
-        content = ("ok <score>1</score>" if "reasoning step" in prompt else
-                   "bad <score>-1</score>" if "search query" in prompt else "Score: 0")  # fmt: skip
+        content = (
+            "ok <score>1</score>"
+            if "reasoning step" in prompt
+            else "bad <score>-1</score>"
+            if "search query" in prompt
+            else "Score: 0"
+        )
         self.reply(200, {"choices": [{"message": {"role": "assistant", "content": content}}]})
 
 

@@ -25,10 +25,23 @@ WORDS = ["alpha", "beta", "where", "born", "the", "who", "city", "of", "film", "
 
 def random_action(rng: random.Random, hop, boxed: bool) -> str:
     """A search agent's action, often malformed."""
-    think = rng.choice(["<think> " + " ".join(rng.sample(WORDS, 3)) + " </think>\n", "", "<think> x ",
-                        "<think> y </think> </think>"])  # fmt: skip
-    query = rng.choice([hop.keys[0] if hop.keys else "x", hop.gold_title or "x", " ".join(rng.sample(WORDS, 2)), "",
-                        hop.answer])  # fmt: skip
+    think = rng.choice(
+        [
+            "<think> " + " ".join(rng.sample(WORDS, 3)) + " </think>\n",
+            "",
+            "<think> x ",
+            "<think> y </think> </think>",
+        ]
+    )
+    query = rng.choice(
+        [
+            hop.keys[0] if hop.keys else "x",
+            hop.gold_title or "x",
+            " ".join(rng.sample(WORDS, 2)),
+            "",
+            hop.answer,
+        ]
+    )
     ans = rng.choice([hop.answer, "nobody", "yes", "the " + hop.answer])
     body = f"The final answer is \\boxed{{{ans}}}" if boxed else ans
     if boxed and rng.random() < 0.2:

@@ -93,9 +93,14 @@ def test_format_is_a_hard_constraint():
 
 @pytest.mark.parametrize(
     "flags,uses_gain,uses_pen,uses_key",
-    [({}, 1, 1, 1), ({"information_gain": False}, 0, 1, 1), ({"redundancy_penalty": False}, 1, 0, 1),
-     ({"information_gain": False, "redundancy_penalty": False}, 0, 0, 1), ({"search_key": False}, 1, 1, 0)],
-)  # fmt: skip
+    [
+        ({}, 1, 1, 1),
+        ({"information_gain": False}, 0, 1, 1),
+        ({"redundancy_penalty": False}, 1, 0, 1),
+        ({"information_gain": False, "redundancy_penalty": False}, 0, 0, 1),
+        ({"search_key": False}, 1, 1, 0),
+    ],
+)
 def test_ablation_switches(flags, uses_gain, uses_pen, uses_key):
     c = tfidf_cos_alpha_beta_vs_alpha_zeta()
     t = episode(ROUNDS, QUERIES)

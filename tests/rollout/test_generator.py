@@ -17,13 +17,21 @@ def model_tok(tiny_model_dir):
 def test_greedy_matches_hf_generate_with_left_padding(model_tok):
     """KV cache, left padding and position ids are right: greedy output equals HF generate per prompt."""
     model, tok = model_tok
-    prompts = [tok("Question: Who directed Keve?\n")["input_ids"], tok("Question: x\n<think>")["input_ids"],
-               tok("Hi")["input_ids"]]  # fmt: skip
+    prompts = [
+        tok("Question: Who directed Keve?\n")["input_ids"],
+        tok("Question: x\n<think>")["input_ids"],
+        tok("Hi")["input_ids"],
+    ]
     gen = HFGenerator(model, tok, stop_strings=())
     outs = gen.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=12))
     for p, o in zip(prompts, outs):
-        ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
-                             eos_token_id=None)[0, len(p) :].tolist()  # fmt: skip
+        ref = model.generate(
+            torch.tensor([p]),
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=None,
+        )[0, len(p) :].tolist()
         assert o.token_ids == ref[: len(o.token_ids)] and o.finish in ("length", "eos")
 
 

@@ -31,8 +31,15 @@ def test_loop_segments_steps_and_no_retokenization(tiny_model_dir, world_bm25, s
     env = SearchEnv(world_bm25, template="short", topk=2, max_turns=3)
     ex = small_world.examples("test")[:3]
     torch.manual_seed(0)
-    trajs, stats = rollout(ex, env, HFGenerator(model, tok, env.tags.stop_strings), tok,
-                           SamplingParams(1.0, 1.0, 24), group_size=2, max_total_tokens=400)  # fmt: skip
+    trajs, stats = rollout(
+        ex,
+        env,
+        HFGenerator(model, tok, env.tags.stop_strings),
+        tok,
+        SamplingParams(1.0, 1.0, 24),
+        group_size=2,
+        max_total_tokens=400,
+    )
     assert len(trajs) == 6 and [t.group_id for t in trajs] == [0, 0, 1, 1, 2, 2]
     for t in trajs:
         assert t.state.done and t.finish_reason in ("answer", "eos", "length", "budget")

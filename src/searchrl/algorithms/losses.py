@@ -17,9 +17,13 @@ def check_stabilisers(dual_clip: float | None, kl_clamp: float | None) -> None:
 
 
 def clipped_policy_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float = 0.2,
-    clip_high: float = 0.2, dual_clip: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO/GRPO clipped surrogate, negated for minimisation (ReSearch eq. 1, Schulman et al. 2017):
 
     ℓ_t = -min(ρ_t A_t, clip(ρ_t, 1 - ε_low, 1 + ε_high) A_t),  ρ_t = exp(logp_t - old_logp_t).

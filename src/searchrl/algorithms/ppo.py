@@ -130,13 +130,19 @@ class PPO(Algorithm):
         batch.extras["returns"] = returns
         return metrics
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
-             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def loss(
+        self,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        mb: RolloutBatch,
+        values: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
         if values is None:
             raise RuntimeError("PPO needs the value head's outputs; the trainer passes them")
-        pg, metrics = clipped_policy_loss(logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low,
-                                          cfg.clip_high, cfg.dual_clip)  # fmt: skip
+        pg, metrics = clipped_policy_loss(
+            logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low, cfg.clip_high, cfg.dual_clip
+        )
         if self.step < cfg.critic_warmup_steps:
             pg = pg * 0.0
         vloss, vmetrics = clipped_value_loss(
@@ -146,8 +152,9 @@ class PPO(Algorithm):
         return self.with_kl(pg + cfg.vf_coef * vloss, metrics, logp, entropy, mb)
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
-                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """½·max((V − R)², (V_old + clip(V − V_old, −c, c) − R)²) per token; ``clip`` 0 or inf: unclipped."""
     unclipped = (values - returns) ** 2
     if clip <= 0 or math.isinf(clip):

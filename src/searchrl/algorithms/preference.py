@@ -19,8 +19,9 @@ from searchrl.types import RolloutBatch, Segment, Step, Trajectory
 
 def action_row(rec: dict[str, Any], action: str, tokenizer: Any, chosen: bool, pair: int) -> Trajectory:
     """The state (prompt, earlier actions and observations: context, no loss) then ``action``."""
-    state = record_to_trajectory({"prompt": rec["prompt"], "actions": rec["actions"],
-                                  "observations": rec["observations"]}, tokenizer)  # fmt: skip
+    state = record_to_trajectory(
+        {"prompt": rec["prompt"], "actions": rec["actions"], "observations": rec["observations"]}, tokenizer
+    )
     prefix = [i for s in state.segments for i in s.token_ids]
     ids = encode(tokenizer, action)
     t = Trajectory(example=None, segments=[Segment("prompt", prefix), Segment("action", ids)], group_id=pair)  # type: ignore[arg-type]
@@ -33,8 +34,10 @@ def pair_rows(records: list[dict[str, Any]], indices: list[int], tokenizer: Any)
     """Chosen then rejected row of each pair, consecutive, sharing the pair's index as group id."""
     out = []
     for i in indices:
-        out += [action_row(records[i], records[i]["chosen"], tokenizer, True, i),
-                action_row(records[i], records[i]["rejected"], tokenizer, False, i)]  # fmt: skip
+        out += [
+            action_row(records[i], records[i]["chosen"], tokenizer, True, i),
+            action_row(records[i], records[i]["rejected"], tokenizer, False, i),
+        ]
     return out
 
 
@@ -49,8 +52,9 @@ def pair_split(mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return c_idx, r_idx
 
 
-def place_pair_loss(pair_loss: torch.Tensor, c_idx: torch.Tensor, r_idx: torch.Tensor, mask: torch.Tensor
-                    ) -> torch.Tensor:  # fmt: skip
+def place_pair_loss(
+    pair_loss: torch.Tensor, c_idx: torch.Tensor, r_idx: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """(B, T) per-token loss with each pair's loss at the last action token of both its rows; aggregated
     with ``seq-mean-token-sum`` this is the mean pair loss over the global batch."""
     out = torch.zeros(mask.shape, dtype=pair_loss.dtype, device=mask.device)
@@ -72,8 +76,10 @@ class PairwiseAlgorithm(Algorithm):
         super().__init__(config, ctx)
         self.records: list[dict[str, Any]] = list(ctx.records or [])
         if not self.records:
-            raise ValueError(f"{type(self).__name__} needs preference pairs: set process_data.out to data from "
-                             "`searchrl collect-process-data`")  # fmt: skip
+            raise ValueError(
+                f"{type(self).__name__} needs preference pairs: set process_data.out to data from "
+                "`searchrl collect-process-data`"
+            )
 
     def num_items(self) -> int:
         return len(self.records)

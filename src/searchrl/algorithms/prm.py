@@ -48,8 +48,13 @@ class PRM(PairwiseAlgorithm):
             t.segments.append(Segment("observation", [eos]))
         return rows, {}
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
-             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def loss(
+        self,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        mb: RolloutBatch,
+        values: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if values is None:
             raise RuntimeError("the PRM needs the scoring head's outputs; the trainer passes them")
         c, r = pair_split(mb)
@@ -57,5 +62,7 @@ class PRM(PairwiseAlgorithm):
         loss = prm_loss(score[c], score[r])
         placed = place_pair_loss(loss, c, r, mb.loss_mask)
         gap = (score[c] - score[r]).detach()
-        return placed, {"prm_margin": place_pair_loss(gap, c, r, mb.loss_mask),
-                        "prm_accuracy": place_pair_loss((gap > 0).float(), c, r, mb.loss_mask)}  # fmt: skip
+        return placed, {
+            "prm_margin": place_pair_loss(gap, c, r, mb.loss_mask),
+            "prm_accuracy": place_pair_loss((gap > 0).float(), c, r, mb.loss_mask),
+        }

@@ -32,8 +32,9 @@ class SFTConfig:
     sampled_softmax: int = 0
 
 
-def record_to_trajectory(rec: dict[str, Any], tokenizer: Any, example: Any = None, all_tokens: bool = False
-                         ) -> Trajectory:  # fmt: skip
+def record_to_trajectory(
+    rec: dict[str, Any], tokenizer: Any, example: Any = None, all_tokens: bool = False
+) -> Trajectory:
     """A text record (prompt, actions, observations) as segments. These are dataset texts, not model
     samples, so tokenizing them here is right; each piece is tokenized on its own, as at rollout time.
     With ``all_tokens`` every piece is a target (segment kind "action"), for language-model training."""
@@ -76,6 +77,11 @@ class SFT(Algorithm):
         tokens = sum(t.n_action_tokens for t in picked)
         return picked, {"sft/action_tokens": Sum(tokens)}
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor | None, mb: RolloutBatch,
-             values: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def loss(
+        self,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        mb: RolloutBatch,
+        values: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return nll_loss(logp)

@@ -78,8 +78,9 @@ def candidate_sample(kid: Trajectory, n_prefix: int) -> Trajectory:
     prefix_ids = [i for s in kid.segments[:n_prefix] for i in s.token_ids]
     action = kid.segments[n_prefix]
     step = kid.steps[-1]
-    out = Trajectory(kid.example, [Segment("prompt", prefix_ids), action], state=kid.state,
-                     finish_reason=kid.finish_reason)  # fmt: skip
+    out = Trajectory(
+        kid.example, [Segment("prompt", prefix_ids), action], state=kid.state, finish_reason=kid.finish_reason
+    )
     out.steps = [Step(segment=1, last_token=len(prefix_ids) + len(action.token_ids) - 1, info=step.info)]
     return out
 
@@ -108,8 +109,16 @@ class SLATE(GRPO):
             live = [q for q, p in enumerate(prefixes) if p.state is not None and not p.state.done]
             if not live:
                 break
-            groups = expand([prefixes[q] for q in live], cfg.k, c.env, c.generator, c.tokenizer, c.sampling,
-                            c.max_total_tokens, stats)  # fmt: skip
+            groups = expand(
+                [prefixes[q] for q in live],
+                cfg.k,
+                c.env,
+                c.generator,
+                c.tokenizer,
+                c.sampling,
+                c.max_total_tokens,
+                stats,
+            )
             items = [JudgeItem.of(prefixes[q], kid) for q, group in zip(live, groups) for kid in group]
             scores = iter(self.judge(items))
             for q, group in zip(live, groups):
@@ -132,11 +141,15 @@ class SLATE(GRPO):
         from searchrl.answers import exact_match
 
         n = len(prefixes)
-        metrics = {**stats.metrics(), "slate/step_reward": Mean(sum(rewards), len(rewards)),
-                   "slate/candidates": Sum(len(rewards)), "slate/judge_failures": Sum(failures),
-                   "slate/answered": Mean(sum(p.answer is not None for p in prefixes), n),
-                   "slate/em": Mean(sum(exact_match(p.answer or "", p.example.answers) for p in prefixes), n),
-                   "slate/steps_per_question": Mean(len(rewards), cfg.k * n)}  # fmt: skip
+        metrics = {
+            **stats.metrics(),
+            "slate/step_reward": Mean(sum(rewards), len(rewards)),
+            "slate/candidates": Sum(len(rewards)),
+            "slate/judge_failures": Sum(failures),
+            "slate/answered": Mean(sum(p.answer is not None for p in prefixes), n),
+            "slate/em": Mean(sum(exact_match(p.answer or "", p.example.answers) for p in prefixes), n),
+            "slate/steps_per_question": Mean(len(rewards), cfg.k * n),
+        }
         if (
             c.rewards is not None
         ):  # the experiment's outcome rewards on the episodes SLATE built, for comparison

@@ -254,8 +254,10 @@ def load_examples(
         AttributeError,
         IndexError,
     ) as exc:  # a record without a field the format has
-        raise DataError(f"{path}: not a {fmt} question file: a record lacks or mistypes a field "
-                        f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+        raise DataError(
+            f"{path}: not a {fmt} question file: a record lacks or mistypes a field "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
     if not examples:
         raise DataError(f"{path}: no questions")
     return examples[:limit] if limit is not None else examples

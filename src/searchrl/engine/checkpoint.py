@@ -138,8 +138,13 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
 
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
-                "pytorch_model.bin", "adapter_model.bin")  # fmt: skip
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "adapter_model.safetensors",
+    "pytorch_model.bin",
+    "adapter_model.bin",
+)
 
 
 def has_weights(model_dir: Path) -> bool:

@@ -112,8 +112,14 @@ def _is_distributed_failure(exc: BaseException) -> bool:
 
 
 class Engine:
-    def __init__(self, grad_accum: int = 1, micro_batch_size: int = 1, max_grad_norm: float | None = 1.0,
-                 mixed_precision: str = "no", seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        grad_accum: int = 1,
+        micro_batch_size: int = 1,
+        max_grad_norm: float | None = 1.0,
+        mixed_precision: str = "no",
+        seed: int = 0,
+    ) -> None:
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
@@ -282,8 +288,11 @@ class Engine:
         to what one process would compute from the union of the data. Processes may report different keys:
         the key set is agreed first, then one flat tensor of sums and one of maxima are reduced, so the
         collectives are the same three whatever each process reported."""
-        keys = layout(self.gather_objects([[(k, kind_of(v)) for k, v in local.items()]]) if self.world_size > 1
-                      else [[(k, kind_of(v)) for k, v in local.items()]])  # fmt: skip
+        keys = layout(
+            self.gather_objects([[(k, kind_of(v)) for k, v in local.items()]])
+            if self.world_size > 1
+            else [[(k, kind_of(v)) for k, v in local.items()]]
+        )
         sums, maxes = flatten(local, keys)
         if self.world_size > 1:
             import torch.distributed as dist

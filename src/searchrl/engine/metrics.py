@@ -11,9 +11,17 @@ from searchrl.errors import SearchRLError
 
 
 class MetricsSink:
-    def __init__(self, out_dir: Path, total_steps: int, start_step: int = 0, enabled: bool = True,
-                 tensorboard: bool = False, wandb_project: str | None = None, desc: str = "train",
-                 config: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        out_dir: Path,
+        total_steps: int,
+        start_step: int = 0,
+        enabled: bool = True,
+        tensorboard: bool = False,
+        wandb_project: str | None = None,
+        desc: str = "train",
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.enabled = enabled
         self.path = out_dir / "metrics.jsonl"
         self._tb = self._wandb = self._bar = None
@@ -70,8 +78,11 @@ class MetricsSink:
 def progress_fields(metrics: dict[str, Any]) -> dict[str, str]:
     """What the progress bar shows: reward and EM for RL; loss, learning rate and trained tokens per second
     where there is no reward (SFT, DPO, PRM); the latest evaluation EM."""
-    shown = {k.split("/")[-1]: f"{metrics[k]:.3f}" for k in ("reward/mean", "train/em", "train/loss")
-             if k in metrics}  # fmt: skip
+    shown = {
+        k.split("/")[-1]: f"{metrics[k]:.3f}"
+        for k in ("reward/mean", "train/em", "train/loss")
+        if k in metrics
+    }
     if "reward/mean" not in metrics:
         if "train/lr" in metrics:
             shown["lr"] = f"{metrics['train/lr']:.1e}"

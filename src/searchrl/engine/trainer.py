@@ -88,15 +88,28 @@ class Trainer:
         self.micro = min(cfg.micro_batch_size, mini)
         self.pairwise = bool(algo_cls.pairwise)
         if self.pairwise and (self.micro % 2 or mini % 2):
-            raise ConfigError(f"{algorithm} trains on (chosen, rejected) pairs: the micro-batch size ({self.micro}) "
-                              "and sequences per mini-batch must be even", key="trainer.micro_batch_size")  # fmt: skip
+            raise ConfigError(
+                f"{algorithm} trains on (chosen, rejected) pairs: the micro-batch size ({self.micro}) "
+                "and sequences per mini-batch must be even",
+                key="trainer.micro_batch_size",
+            )
         accum = _divide(mini, self.micro, "sequences per mini-batch", "trainer.micro_batch_size")
-        self.engine = eng = Engine(grad_accum=accum, micro_batch_size=self.micro, max_grad_norm=cfg.max_grad_norm,
-                                   mixed_precision=cfg.mixed_precision, seed=seed)  # fmt: skip
+        self.engine = eng = Engine(
+            grad_accum=accum,
+            micro_batch_size=self.micro,
+            max_grad_norm=cfg.max_grad_norm,
+            mixed_precision=cfg.mixed_precision,
+            seed=seed,
+        )
 
         self.values = bool(algo_cls.value_head)
-        policy, self.tokenizer = load_policy(str(model_path), exp.model.dtype, exp.model.lora, self.values,
-                                             getattr(algo_cfg, "detach_value_trunk", False))  # fmt: skip
+        policy, self.tokenizer = load_policy(
+            str(model_path),
+            exp.model.dtype,
+            exp.model.lora,
+            self.values,
+            getattr(algo_cfg, "detach_value_trunk", False),
+        )
         opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
         groups = algo_cls.param_groups(algo_cfg, policy, cfg.lr)
         optimizer = opt_cls(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -105,8 +118,12 @@ class Trainer:
         updates = cfg.steps * cfg.epochs * cfg.mini_batches
         # "constant" with warm-up steps means a linear warm-up, then constant
         name = "constant_with_warmup" if cfg.schedule == "constant" and cfg.warmup_steps else cfg.schedule
-        scheduler = get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps * cfg.epochs *
-                                  cfg.mini_batches, num_training_steps=updates)  # fmt: skip
+        scheduler = get_scheduler(
+            name,
+            optimizer,
+            num_warmup_steps=cfg.warmup_steps * cfg.epochs * cfg.mini_batches,
+            num_training_steps=updates,
+        )
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
 
         env = runtime.env()
@@ -114,8 +131,14 @@ class Trainer:
         generator = None
         if online:
             gen_cls = GENERATORS.get(exp.rollout.backend)
-            generator = gen_cls(self.policy, self.tokenizer, env.tags.stop_strings, batch_size=exp.rollout.batch_size,
-                                model_context=lambda: eng.for_generation(self.policy), **exp.rollout.backend_args)  # fmt: skip
+            generator = gen_cls(
+                self.policy,
+                self.tokenizer,
+                env.tags.stop_strings,
+                batch_size=exp.rollout.batch_size,
+                model_context=lambda: eng.for_generation(self.policy),
+                **exp.rollout.backend_args,
+            )
         from searchrl.rewards.pipeline import RewardPipeline
 
         self.ctx = Context(
@@ -134,8 +157,12 @@ class Trainer:
         )
         self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
         if self.algo.softmax_negatives and not cfg.lean_logprobs:
-            raise ConfigError("a sampled softmax (sampled_softmax) needs the lean log-prob path", key="trainer.lean_logprobs",
-                              value=False, choices=["true"])  # fmt: skip
+            raise ConfigError(
+                "a sampled softmax (sampled_softmax) needs the lean log-prob path",
+                key="trainer.lean_logprobs",
+                value=False,
+                choices=["true"],
+            )
         kl = self.algo.kl_coef > 0
         self.reference = Reference(self.policy, eng, str(model_path), exp.model.dtype) if kl else None
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
@@ -147,18 +174,34 @@ class Trainer:
             self.start_step = int(state["step"])
             self.algo.load_state_dict(state.get("algorithm", {}))
             eng.print(f"resumed from {latest} at step {self.start_step}")
-        self.sink = MetricsSink(out_dir, cfg.steps, self.start_step, enabled=eng.is_main, tensorboard=cfg.tensorboard,
-                                wandb_project=cfg.wandb_project, desc=algorithm)  # fmt: skip
+        self.sink = MetricsSink(
+            out_dir,
+            cfg.steps,
+            self.start_step,
+            enabled=eng.is_main,
+            tensorboard=cfg.tensorboard,
+            wandb_project=cfg.wandb_project,
+            desc=algorithm,
+        )
 
     # --------------------------------------------------------------------------------------- passes
-    def _logprobs(self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False,
-                  negatives: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    def _logprobs(
+        self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False, negatives: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Log-probs (and entropy, values) of the batch's action tokens under ``model``; 0 elsewhere.
         ``trainer.lean_logprobs``: the output layer applied at the action tokens only, in tiles
         (`models.lean_head`); otherwise from the full logits."""
         if self.cfg.lean_logprobs:
-            return forward_lean(model, batch.input_ids, batch.attention_mask, batch.loss_mask, self.temperature,
-                                entropy, values, negatives)  # fmt: skip
+            return forward_lean(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.loss_mask,
+                self.temperature,
+                entropy,
+                values,
+                negatives,
+            )
         logits, v = forward(model, batch.input_ids, batch.attention_mask, values=values)
         logp = token_logprobs(logits, batch.input_ids, self.temperature, mask=batch.loss_mask)
         ent = None
@@ -168,8 +211,9 @@ class Trainer:
         return logp, ent, v
 
     @torch.no_grad()
-    def _no_grad_pass(self, model: Any, batch: RolloutBatch, values: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    def _no_grad_pass(
+        self, model: Any, batch: RolloutBatch, values: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (B, T) of the action tokens, and values (B, T) when asked, in micro-batches."""
         model = self.engine.for_no_grad(model)
         order = batch.attention_mask.sum(-1).argsort(stable=True)
@@ -207,8 +251,9 @@ class Trainer:
             mb = batch.select(slice(i, i + self.micro))
             mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
             with eng.accumulate(self.policy):
-                logp, ent, values = self._logprobs(self.policy, mb, self.cfg.log_entropy, self.values,
-                                                   algo.softmax_negatives)  # fmt: skip
+                logp, ent, values = self._logprobs(
+                    self.policy, mb, self.cfg.log_entropy, self.values, algo.softmax_negatives
+                )
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
@@ -290,9 +335,15 @@ class Trainer:
 
             em = sum(exact_match(t.answer or "", t.example.answers) for t in episodes)
             local["train/em"] = Mean(em, len(episodes))
-        local.update({"train/lr": self.scheduler.get_last_lr()[0], "train/sequences": Sum(float(trained.sum())),
-                      "train/action_tokens": Sum(float(batch.loss_mask.sum())), "time/collect_s": Max(t_collect),
-                      "time/step_s": Max(time.perf_counter() - t0)})  # fmt: skip
+        local.update(
+            {
+                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/sequences": Sum(float(trained.sum())),
+                "train/action_tokens": Sum(float(batch.loss_mask.sum())),
+                "time/collect_s": Max(t_collect),
+                "time/step_s": Max(time.perf_counter() - t0),
+            }
+        )
         local.update(service_metrics())  # judge / summarizer requests and failures since the last step
         with eng.phase("metrics", step):
             _debug_stall(eng, step, "metrics")
@@ -313,12 +364,20 @@ class Trainer:
         """Exactly ``self.rows`` rows on every process: the same micro-batches, so the same collectives.
         Missing rows are empty (no loss tokens, no reward, a group of their own)."""
         if len(trajs) > self.rows:
-            raise RuntimeError(f"algorithm '{self.algorithm}' returned {len(trajs)} training rows for a step, more "
-                               f"than the {self.rows} it declared (samples_per_item x questions per process)")  # fmt: skip
+            raise RuntimeError(
+                f"algorithm '{self.algorithm}' returned {len(trajs)} training rows for a step, more "
+                f"than the {self.rows} it declared (samples_per_item x questions per process)"
+            )
         pad = self.tokenizer.pad_token_id
         base = -1 - self.engine.rank * self.rows
-        return trajs + [Trajectory(trajs[0].example if trajs else None, [Segment("prompt", [pad, pad])],  # type: ignore[arg-type]
-                                   group_id=base - j) for j in range(self.rows - len(trajs))]  # fmt: skip
+        return trajs + [
+            Trajectory(
+                trajs[0].example if trajs else None,  # type: ignore[arg-type]
+                [Segment("prompt", [pad, pad])],
+                group_id=base - j,
+            )
+            for j in range(self.rows - len(trajs))
+        ]
 
     def run(self, evaluate: Any = None) -> Path:
         """Train to ``cfg.steps``; ``evaluate(model_dir_or_policy, step) -> metrics`` is called every

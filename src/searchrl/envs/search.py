@@ -29,8 +29,16 @@ AGENTS = ("react", "direct", "rag", "research")
 # Designs whose state is re-rendered at every step rather than grown by appending (`SearchEnv.render`).
 RERENDERED_AGENTS = ("research",)
 # Error codes recorded in StepInfo.error
-ERRORS = ("no_action", "unclosed_tag", "empty_query", "query_too_long", "multiple_answers",
-          "text_after_answer", "missing_boxed", "empty_answer")  # fmt: skip
+ERRORS = (
+    "no_action",
+    "unclosed_tag",
+    "empty_query",
+    "query_too_long",
+    "multiple_answers",
+    "text_after_answer",
+    "missing_boxed",
+    "empty_answer",
+)
 
 
 DOC_FORMATS = {  # how retrieved documents are written into an observation
@@ -126,8 +134,9 @@ class SearchEnv:
             [docs] = self.retriever.search([example.question], self.topk)
             prompt += f"\n\n{self.tags.info_open}{self.format_docs(docs)}{self.tags.info_close}\n\n"
             prefetched = (example.question, tuple(docs))
-        return EnvState(example=example, prompt=prompt + self.tags.answer_open, force_answer=True,
-                        prefetched=prefetched)  # fmt: skip
+        return EnvState(
+            example=example, prompt=prompt + self.tags.answer_open, force_answer=True, prefetched=prefetched
+        )
 
     def step(
         self, state: EnvState, action: str, eos: bool = False, stopped: bool = False
@@ -180,8 +189,11 @@ class SearchEnv:
         """One summary per valid search, in order (the ReSearch agent's m_t, eq. 8)."""
         if self.summarizer is None or not results:
             return []
-        searched = [(s.example.question, p.query or "") for s, p in zip(states, parsed)
-                    if p.kind == "search" and p.valid]  # fmt: skip
+        searched = [
+            (s.example.question, p.query or "")
+            for s, p in zip(states, parsed)
+            if p.kind == "search" and p.valid
+        ]
         out = self.summarizer([(q, query, docs) for (q, query), docs in zip(searched, results)])
         if len(out) != len(results):
             raise RuntimeError(f"the summarizer returned {len(out)} summaries for {len(results)} searches")

@@ -30,8 +30,16 @@ class TagSet:
 
     @property
     def all_tags(self) -> tuple[str, ...]:
-        return (self.think_open, self.think_close, self.search_open, self.search_close,
-                self.info_open, self.info_close, self.answer_open, self.answer_close)  # fmt: skip
+        return (
+            self.think_open,
+            self.think_close,
+            self.search_open,
+            self.search_close,
+            self.info_open,
+            self.info_close,
+            self.answer_open,
+            self.answer_close,
+        )
 
     def format_answer(self, answer: str) -> str:
         body = f"The final answer is \\boxed{{{answer}}}" if self.boxed else answer

@@ -51,8 +51,15 @@ def add_lean_head(model: Any) -> Any:
     scale = getattr(config, "logit_scale", None) or 1.0
 
     @functools.wraps(type(model).forward)
-    def forward(self: Any, *args: Any, lean_mask: torch.Tensor | None = None, lean_temperature: float = 1.0,
-                lean_entropy: bool = False, lean_negatives: int = 0, **kwargs: Any) -> Any:  # fmt: skip
+    def forward(
+        self: Any,
+        *args: Any,
+        lean_mask: torch.Tensor | None = None,
+        lean_temperature: float = 1.0,
+        lean_entropy: bool = False,
+        lean_negatives: int = 0,
+        **kwargs: Any,
+    ) -> Any:
         if lean_mask is None:
             return original(*args, **kwargs)
         from trl.kernels import ChunkedLogProbFunction
@@ -99,15 +106,18 @@ def add_lean_head(model: Any) -> Any:
     return model
 
 
-def sampled_logprobs(hidden: torch.Tensor, head: Any, batch_ids: torch.Tensor, targets: torch.Tensor, negatives: int
-                     ) -> torch.Tensor:  # fmt: skip
+def sampled_logprobs(
+    hidden: torch.Tensor, head: Any, batch_ids: torch.Tensor, targets: torch.Tensor, negatives: int
+) -> torch.Tensor:
     """log p(target) under a sampled softmax: the candidates are every token of ``batch_ids`` (so every target)
     plus ``negatives`` rows drawn uniformly from the others, whose exp-logits are weighted by
     (others / negatives) so that the sum estimates the exact normaliser. ``hidden`` (N, H), ``targets`` (N,)."""
     weight = head.weight
     if getattr(weight, "ds_tensor", None) is not None:
-        raise ValueError("a sampled softmax (sft sampled_softmax) is not supported under DeepSpeed ZeRO-3; use one "
-                         "process or DDP for the warm start")  # fmt: skip
+        raise ValueError(
+            "a sampled softmax (sft sampled_softmax) is not supported under DeepSpeed ZeRO-3; use one "
+            "process or DDP for the warm start"
+        )
     vocab = weight.shape[0]
     own = torch.unique(batch_ids)
     others = torch.ones(vocab, dtype=torch.bool, device=weight.device)

@@ -85,8 +85,13 @@ def lm_of(model: Any) -> Any:
     return model.lm if isinstance(model, PolicyWithValue) else model
 
 
-def load_policy(path: str, dtype: str = "float32", lora: LoraConfig | None = None, value_head: bool = False,
-                detach_trunk: bool = False) -> tuple[Any, Any]:  # fmt: skip
+def load_policy(
+    path: str,
+    dtype: str = "float32",
+    lora: LoraConfig | None = None,
+    value_head: bool = False,
+    detach_trunk: bool = False,
+) -> tuple[Any, Any]:
     """The trainable policy (LoRA-wrapped if configured), with a value head for actor-critic methods."""
     model, tokenizer = load_model_and_tokenizer(path, dtype=dtype)
     add_lean_head(model)  # before peft wraps it
@@ -145,25 +150,43 @@ class Reference:
             yield self.frozen
 
 
-def forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, values: bool = False
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def forward(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, values: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits (B, T, V) of a right-padded batch and, from a `PolicyWithValue`, values (B, T)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     kw = {"values": True} if values else {}
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                **kw)  # fmt: skip
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kw
+    )
     return (out[0].logits, out[1]) if values else (out.logits, None)
 
 
-def forward_lean(model: Any, batch_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
-                 temperature: float, entropy: bool = False, values: bool = False, negatives: int = 0
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+def forward_lean(
+    model: Any,
+    batch_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float,
+    entropy: bool = False,
+    values: bool = False,
+    negatives: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-probs and entropy (B, T) of the ``mask`` positions, and values (B, T) from a `PolicyWithValue`,
     without a (B, T, V) logits tensor (`models.lean_head`; the LM must have been patched by
     `add_lean_head`, as `load_policy` and `Reference` do). ``negatives``: a sampled softmax (training only)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     kw: dict[str, Any] = {"values": True} if values else {}
-    out = model(input_ids=batch_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                lean_mask=mask, lean_temperature=temperature, lean_entropy=entropy, lean_negatives=negatives, **kw)  # fmt: skip
+    out = model(
+        input_ids=batch_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        lean_mask=mask,
+        lean_temperature=temperature,
+        lean_entropy=entropy,
+        lean_negatives=negatives,
+        **kw,
+    )
     lean, v = (out[0], out[1]) if values else (out, None)
     return lean.logprobs, lean.entropy, v

@@ -67,8 +67,13 @@ def train_tokenizer(
     return hf
 
 
-def build_model(size: str | ModelSize, tokenizer, seed: int = 0, vocab_rows: int | None = None,
-                eos_ids: Iterable[int] | None = None):  # fmt: skip
+def build_model(
+    size: str | ModelSize,
+    tokenizer,
+    seed: int = 0,
+    vocab_rows: int | None = None,
+    eos_ids: Iterable[int] | None = None,
+):
     """A randomly initialised Qwen2ForCausalLM matching ``tokenizer`` (``vocab_rows`` embedding rows, at
     least one per token; Qwen2.5 models have 151,936), ending generation at ``eos_ids`` (default: the
     tokenizer's EOS)."""
@@ -103,9 +108,13 @@ def build_model(size: str | ModelSize, tokenizer, seed: int = 0, vocab_rows: int
 
 
 def build_local_model(
-    size: str, texts: Iterable[str], out_dir: str | Path, seed: int = 0, tokenizer: str = "local",
+    size: str,
+    texts: Iterable[str],
+    out_dir: str | Path,
+    seed: int = 0,
+    tokenizer: str = "local",
     tags: Sequence[str] = (),
-) -> Path:  # fmt: skip
+) -> Path:
     """Build a model of ``size`` with a tokenizer and save both to ``out_dir``. ``tokenizer``: ``local``
     trains one on ``texts``, every string of ``tags`` one special token (pass `envs.tags.ALL_TAG_STRINGS`);
     ``qwen2.5`` is Qwen2.5's real vocabulary (tags are text; ``texts`` and ``tags`` are not read)."""

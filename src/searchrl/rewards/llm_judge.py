@@ -111,8 +111,18 @@ class LLMJudge:
         max_failure_rate: float = 0.05,
     ) -> None:
         self.max_tokens, self.temperature, self.max_context = max_tokens, temperature, max_context_chars
-        self.client = chat_client(backend, model, url, api_key_env, timeout, retries, workers, "judge_args",
-                                  max_failure_rate, "judge")  # fmt: skip
+        self.client = chat_client(
+            backend,
+            model,
+            url,
+            api_key_env,
+            timeout,
+            retries,
+            workers,
+            "judge_args",
+            max_failure_rate,
+            "judge",
+        )
 
     def __call__(self, items: Sequence[JudgeItem]) -> list[JudgeScores]:
         requests: list[tuple[int, str, str]] = []  # (item, part, prompt)
@@ -125,15 +135,36 @@ class LLMJudge:
             )
             if it.info.kind == "search" and it.info.valid:
                 docs = "\n".join(f"- {d.title}: {d.text[:500]}" for d in it.retrieved) or "(nothing)"
-                requests.append((i, "query", QUERY.format(question=st.example.question, context=ctx, thinking=thinking,
-                                                          query=it.info.query, documents=docs)))  # fmt: skip
+                requests.append(
+                    (
+                        i,
+                        "query",
+                        QUERY.format(
+                            question=st.example.question,
+                            context=ctx,
+                            thinking=thinking,
+                            query=it.info.query,
+                            documents=docs,
+                        ),
+                    )
+                )
             elif it.info.kind == "answer" and it.info.valid:
-                requests.append((i, "answer", ANSWER.format(question=st.example.question, gold=" / ".join(st.example.answers),
-                                                            answer=it.info.answer)))  # fmt: skip
+                requests.append(
+                    (
+                        i,
+                        "answer",
+                        ANSWER.format(
+                            question=st.example.question,
+                            gold=" / ".join(st.example.answers),
+                            answer=it.info.answer,
+                        ),
+                    )
+                )
         replies = self.client.complete(
             [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}] for _, _, p in requests],
-            self.max_tokens, self.temperature,
-        )  # fmt: skip
+            self.max_tokens,
+            self.temperature,
+        )
         parts: list[dict[str, float]] = [{} for _ in items]
         failed = [False] * len(items)
         for (i, part, _), reply in zip(requests, replies):
@@ -145,6 +176,12 @@ class LLMJudge:
             items
         ):  # a malformed search / answer scores -1 on that part, as the rule judge
             search = it.info.kind == "search"
-            out.append(JudgeScores(think=parts[i].get("think", 0.0), query=parts[i].get("query", -1.0 if search else 0.0),
-                                   answer=parts[i].get("answer", 0.0 if search else -1.0), failed=failed[i]))  # fmt: skip
+            out.append(
+                JudgeScores(
+                    think=parts[i].get("think", 0.0),
+                    query=parts[i].get("query", -1.0 if search else 0.0),
+                    answer=parts[i].get("answer", 0.0 if search else -1.0),
+                    failed=failed[i],
+                )
+            )
         return out

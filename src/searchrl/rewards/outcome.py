@@ -101,11 +101,17 @@ def search_r1_structure_ok(response: str, info_tag: str = "information") -> bool
     tags = ("think", "search", info_tag, "answer")
     if any(response.count(f"<{t}>") != response.count(f"</{t}>") for t in tags):
         return False
-    moves = {("start", "<think>"): "in_think", ("information", "<think>"): "in_think",
-             ("in_think", "</think>"): "after_think", ("after_think", "<search>"): "in_search",
-             ("in_search", "</search>"): "after_search", ("after_search", f"<{info_tag}>"): "in_information",
-             ("in_information", f"</{info_tag}>"): "information", ("after_think", "<answer>"): "in_answer",
-             ("in_answer", "</answer>"): "end"}  # fmt: skip
+    moves = {
+        ("start", "<think>"): "in_think",
+        ("information", "<think>"): "in_think",
+        ("in_think", "</think>"): "after_think",
+        ("after_think", "<search>"): "in_search",
+        ("in_search", "</search>"): "after_search",
+        ("after_search", f"<{info_tag}>"): "in_information",
+        ("in_information", f"</{info_tag}>"): "information",
+        ("after_think", "<answer>"): "in_answer",
+        ("in_answer", "</answer>"): "end",
+    }
     pattern = (
         _SR1_TAGS if info_tag == "information" else re.compile(rf"(</?(?:think|search|{info_tag}|answer)>)")
     )

@@ -22,8 +22,9 @@ def wanted(fn: Any) -> tuple[str, ...]:
     return tuple(n for n in PROVIDED if n in params)
 
 
-def call_reward(fn: Any, traj: Trajectory, args: dict[str, Any],
-                resources: Mapping[str, Callable[[], Any]] | None = None) -> RewardOutput:  # fmt: skip
+def call_reward(
+    fn: Any, traj: Trajectory, args: dict[str, Any], resources: Mapping[str, Callable[[], Any]] | None = None
+) -> RewardOutput:
     """Call a reward with the fields it names, its ``args`` and (lazily built) resources such as ``docs``."""
     ex = traj.example
     fields: dict[str, Any] = {"answers": ex.answers, "hops": ex.hops, "metadata": ex.metadata, "example": ex}
@@ -52,8 +53,9 @@ class RewardPipeline:
     ``resources`` maps a name a reward may ask for (``docs``) to a zero-argument function building it;
     each is built once, on first use."""
 
-    def __init__(self, specs: Sequence[RewardSpec], resources: Mapping[str, Callable[[], Any]] | None = None
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self, specs: Sequence[RewardSpec], resources: Mapping[str, Callable[[], Any]] | None = None
+    ) -> None:
         if not specs:
             raise DataError("no rewards configured: add e.g. `rewards: [{name: f1}]` to the experiment")
         self.specs = list(specs)
@@ -81,13 +83,16 @@ class RewardPipeline:
                 try:
                     out = call_reward(fn, t, spec.args, self.resources)
                 except Exception as exc:
-                    raise DataError(f"reward '{spec.name}' failed on question {t.example.id}: "
-                                    f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+                    raise DataError(
+                        f"reward '{spec.name}' failed on question {t.example.id}: {type(exc).__name__}: {exc}"
+                    ) from exc
                 total += spec.weight * out.score
                 if out.step_scores:
                     if len(out.step_scores) != len(t.steps):
-                        raise DataError(f"reward '{spec.name}' gave {len(out.step_scores)} step scores for "
-                                         f"{len(t.steps)} steps")  # fmt: skip
+                        raise DataError(
+                            f"reward '{spec.name}' gave {len(out.step_scores)} step scores for "
+                            f"{len(t.steps)} steps"
+                        )
                     steps = [a + spec.weight * b for a, b in zip(steps, out.step_scores)]
                 sums[f"reward/{spec.name}"] += out.score
                 for k, v in out.metrics.items():

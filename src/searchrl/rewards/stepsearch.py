@@ -145,11 +145,19 @@ def stepsearch_reward(
     ``gamma_key`` / ``step_coef`` default to 0.1 / 1.0, or to the public code's 0.618 / 0.6 (applied as
     1.6×) with ``public_code_compat``."""
     if public_code_compat:
-        return stepsearch_public(traj, answers=answers, hops=hops, example=example, docs=docs,
-                                 gamma_key=0.618 if gamma_key is None else gamma_key,
-                                 step_scale=0.6 if step_coef is None else step_coef, answer=answer,
-                                 search_key=search_key, information_gain=information_gain,
-                                 redundancy_penalty=redundancy_penalty)  # fmt: skip
+        return stepsearch_public(
+            traj,
+            answers=answers,
+            hops=hops,
+            example=example,
+            docs=docs,
+            gamma_key=0.618 if gamma_key is None else gamma_key,
+            step_scale=0.6 if step_coef is None else step_coef,
+            answer=answer,
+            search_key=search_key,
+            information_gain=information_gain,
+            redundancy_penalty=redundancy_penalty,
+        )
     gamma_key = 0.1 if gamma_key is None else gamma_key
     step_coef = 1.0 if step_coef is None else step_coef
     st = traj.state
@@ -162,8 +170,11 @@ def stepsearch_reward(
     r_key = search_key_reward(queries, hops) if fmt else 0.0
     gains = [0.0] * len(rounds)
     if information_gain and rounds:
-        gains = information_gains([[d.contents for d in r] for r in rounds], gold_texts(hops, example, docs),
-                                  corpus_tfidf(_need_docs(docs)))  # fmt: skip
+        gains = information_gains(
+            [[d.contents for d in r] for r in rounds],
+            gold_texts(hops, example, docs),
+            corpus_tfidf(_need_docs(docs)),
+        )
     penalties = redundancy_penalties([[d.id for d in r] for r in rounds])
     step_of = {id(s.info): k for k, s in enumerate(traj.steps)}  # env step -> trajectory step (same info)
     step_scores = [0.0] * n_steps
@@ -177,10 +188,16 @@ def stepsearch_reward(
     return RewardOutput(
         score,
         tuple(step_scores),
-        metrics={"answer_f1": r_answer, "key": r_key, "format_ok": float(fmt),
-                 "gain": sum(gains) / max(len(gains), 1), "redundancy": sum(penalties) / max(len(penalties), 1),
-                 "redundant_searches": float(redundant), "searches": float(len(rounds))},
-    )  # fmt: skip
+        metrics={
+            "answer_f1": r_answer,
+            "key": r_key,
+            "format_ok": float(fmt),
+            "gain": sum(gains) / max(len(gains), 1),
+            "redundancy": sum(penalties) / max(len(penalties), 1),
+            "redundant_searches": float(redundant),
+            "searches": float(len(rounds)),
+        },
+    )
 
 
 def _need_docs(docs: Mapping[str, Doc] | None) -> Mapping[str, Doc]:
@@ -252,10 +269,20 @@ def split_documents(block: str) -> list[str]:
     return [part.split("<##")[0].strip() for part in block.strip().split("##>")[1:]]
 
 
-def stepsearch_public(traj: Any, *, answers: Sequence[str], hops: Sequence[Hop], example: Any,
-                      docs: Mapping[str, Doc] | None, gamma_key: float, step_scale: float, answer: bool = True,
-                      search_key: bool = True, information_gain: bool = True, redundancy_penalty: bool = True
-                      ) -> RewardOutput:  # fmt: skip
+def stepsearch_public(
+    traj: Any,
+    *,
+    answers: Sequence[str],
+    hops: Sequence[Hop],
+    example: Any,
+    docs: Mapping[str, Doc] | None,
+    gamma_key: float,
+    step_scale: float,
+    answer: bool = True,
+    search_key: bool = True,
+    information_gain: bool = True,
+    redundancy_penalty: bool = True,
+) -> RewardOutput:
     """StepSearch's reward as its public code computes it. Differences from the paper (`stepsearch_reward`):
 
     - the text scored is the decoded transcript (after the chat template's last ``<|im_start|>assistant``
@@ -326,8 +353,13 @@ def stepsearch_public(traj: Any, *, answers: Sequence[str], hops: Sequence[Hop],
         k = _step_at(traj, len(st.prompt) + end)
         if k is not None:
             step_scores[k] += (1.0 + step_scale) * v
-    metrics.update(format_ok=1.0, key=key, gain=sum(gains) / max(len(gains), 1),
-                   redundancy=sum(penalties) / max(len(penalties), 1), searches=float(len(rounds)))  # fmt: skip
+    metrics.update(
+        format_ok=1.0,
+        key=key,
+        gain=sum(gains) / max(len(gains), 1),
+        redundancy=sum(penalties) / max(len(penalties), 1),
+        searches=float(len(rounds)),
+    )
     return RewardOutput(score, tuple(step_scores), metrics=metrics)
 
 

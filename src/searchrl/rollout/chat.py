@@ -34,8 +34,9 @@ class LocalChat:
         from searchrl.rollout.hf import HFGenerator
 
         self.tokenizer, self.max_context = tokenizer, max_context
-        self.generator = HFGenerator(model.eval(), tokenizer, stop_strings=(), batch_size=batch_size,
-                                     reuse_cache=False)  # fmt: skip
+        self.generator = HFGenerator(
+            model.eval(), tokenizer, stop_strings=(), batch_size=batch_size, reuse_cache=False
+        )
 
     @classmethod
     def load(cls, path: str, **kwargs: Any) -> LocalChat:
@@ -44,8 +45,9 @@ class LocalChat:
         model, tok = load_model_and_tokenizer(path)
         return cls(model, tok, **kwargs)
 
-    def complete(self, conversations: list[Messages], max_tokens: int = 256, temperature: float = 0.0
-                 ) -> list[tuple[str, str]]:  # fmt: skip
+    def complete(
+        self, conversations: list[Messages], max_tokens: int = 256, temperature: float = 0.0
+    ) -> list[tuple[str, str]]:
         """(text, finish reason "stop" | "length") per conversation; over-long prompts keep their end."""
         from searchrl.rollout.generator import SamplingParams
 
@@ -65,8 +67,17 @@ class OpenAIChatClient:
     """Concurrent requests to an OpenAI-compatible endpoint. A request that fails after its retries answers
     None and is counted (``counter``: the run stops when they exceed ``max_failure_rate``)."""
 
-    def __init__(self, url: str, model: str, api_key_env: str | None, timeout: float, retries: int, workers: int,
-                 name: str = "chat", max_failure_rate: float = 0.05) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        api_key_env: str | None,
+        timeout: float,
+        retries: int,
+        workers: int,
+        name: str = "chat",
+        max_failure_rate: float = 0.05,
+    ) -> None:
         self.url = url.rstrip("/") + (
             "" if url.rstrip("/").endswith("/chat/completions") else "/chat/completions"
         )
@@ -96,14 +107,25 @@ class OpenAIChatClient:
         self.counter.record()
         return text
 
-    def complete(self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
-                 ) -> list[str | None]:  # fmt: skip
+    def complete(
+        self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
+    ) -> list[str | None]:
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
             return list(pool.map(lambda m: self._one(m, max_tokens, temperature), conversations))
 
 
-def chat_client(backend: str, model: str, url: str, api_key_env: str | None, timeout: float, retries: int,
-                workers: int, key: str, max_failure_rate: float = 0.05, service: str = "chat") -> Any:  # fmt: skip
+def chat_client(
+    backend: str,
+    model: str,
+    url: str,
+    api_key_env: str | None,
+    timeout: float,
+    retries: int,
+    workers: int,
+    key: str,
+    max_failure_rate: float = 0.05,
+    service: str = "chat",
+) -> Any:
     """A batched chat client: an OpenAI-compatible server (``openai``) or a local model directory (``hf``).
     ``key`` names the config section in errors, ``service`` the client in metrics (``service/<name>/…``)."""
     if backend not in ("hf", "openai"):
@@ -119,8 +141,9 @@ class _LocalClient:
     def __init__(self, chat: Any) -> None:
         self.chat = chat
 
-    def complete(self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
-                 ) -> list[str | None]:  # fmt: skip
+    def complete(
+        self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
+    ) -> list[str | None]:
         return [text for text, _ in self.chat.complete(conversations, max_tokens, temperature)]
 
 
@@ -128,12 +151,32 @@ class LLMSummarizer:
     """Figure 7's prompt to a chat model; a failed request falls back to `NO_ANSWER` and is counted
     (``service/summarizer/failures``; above ``max_failure_rate`` of the requests the run stops)."""
 
-    def __init__(self, backend: str = "openai", model: str = "", url: str = "http://127.0.0.1:8001/v1",
-                 api_key_env: str | None = "OPENAI_API_KEY", max_tokens: int = 128, temperature: float = 0.0,
-                 timeout: float = 60.0, retries: int = 2, workers: int = 8, max_doc_chars: int = 4000,
-                 max_failure_rate: float = 0.05) -> None:  # fmt: skip
-        self.client = chat_client(backend, model, url, api_key_env, timeout, retries, workers, "env.summarizer",
-                                  max_failure_rate, "summarizer")  # fmt: skip
+    def __init__(
+        self,
+        backend: str = "openai",
+        model: str = "",
+        url: str = "http://127.0.0.1:8001/v1",
+        api_key_env: str | None = "OPENAI_API_KEY",
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        timeout: float = 60.0,
+        retries: int = 2,
+        workers: int = 8,
+        max_doc_chars: int = 4000,
+        max_failure_rate: float = 0.05,
+    ) -> None:
+        self.client = chat_client(
+            backend,
+            model,
+            url,
+            api_key_env,
+            timeout,
+            retries,
+            workers,
+            "env.summarizer",
+            max_failure_rate,
+            "summarizer",
+        )
         self.max_tokens, self.temperature, self.max_doc_chars = max_tokens, temperature, max_doc_chars
 
     def __call__(self, items: Sequence[SummaryItem]) -> list[str]:

@@ -124,8 +124,13 @@ class HFGenerator:
                     K[b, :, Lc - n[b] :] = s.kv[layer][0]
                     V[b, :, Lc - n[b] :] = s.kv[layer][1]
             layers.append((K, V))
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                    past_key_values=DynamicCache(ddp_cache_data=layers))  # fmt: skip
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            past_key_values=DynamicCache(ddp_cache_data=layers),
+        )
         return out, mask, pos[:, -1]
 
     def _save(self, key: Hashable, tokens: list[int], cache: Any, row: int, mask: torch.Tensor) -> None:
@@ -183,8 +188,13 @@ class HFGenerator:
                 rows = [rows[j] for j in keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             last_pos = last_pos + 1
-            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=last_pos[:, None],
-                        past_key_values=cache, use_cache=True)  # fmt: skip
+            out = model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=last_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache, logits_last = out.past_key_values, out.logits[:, -1, :]
         return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish)]  # type: ignore[arg-type]
 

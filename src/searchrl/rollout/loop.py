@@ -54,8 +54,9 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def start_trajectories(env: SearchEnv, tokenizer: Any, examples: Sequence[Example], group_size: int = 1,
-                       first_group: int = 0) -> list[Trajectory]:  # fmt: skip
+def start_trajectories(
+    env: SearchEnv, tokenizer: Any, examples: Sequence[Example], group_size: int = 1, first_group: int = 0
+) -> list[Trajectory]:
     """``group_size`` fresh episodes per example; episodes of one example share a group id."""
     out = []
     for gi, ex in enumerate(examples):

@@ -70,8 +70,17 @@ class VLLMGenerator:
         # (loaded by numba through bm25s): keep that module out of sight while the engine starts
         hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.startswith("llvmlite.binding.ffi")}
         try:
-            self.llm = self._start(vllm, path, dtype, seed, gpu_memory_utilization, tensor_parallel_size, max_model_len,
-                                   enable_sleep_mode, batch_size)  # fmt: skip
+            self.llm = self._start(
+                vllm,
+                path,
+                dtype,
+                seed,
+                gpu_memory_utilization,
+                tensor_parallel_size,
+                max_model_len,
+                enable_sleep_mode,
+                batch_size,
+            )
         finally:
             sys.modules.update(hidden)
         self._vllm = vllm
@@ -79,14 +88,31 @@ class VLLMGenerator:
         self.syncs = 0
 
     @staticmethod
-    def _start(vllm: Any, path: str, dtype: str, seed: int, gpu_memory_utilization: float, tensor_parallel_size: int,
-               max_model_len: int | None, enable_sleep_mode: bool, batch_size: int) -> Any:  # fmt: skip
+    def _start(
+        vllm: Any,
+        path: str,
+        dtype: str,
+        seed: int,
+        gpu_memory_utilization: float,
+        tensor_parallel_size: int,
+        max_model_len: int | None,
+        enable_sleep_mode: bool,
+        batch_size: int,
+    ) -> Any:
         return vllm.LLM(
-            model=path, tokenizer=path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
-            distributed_executor_backend="external_launcher", logprobs_mode="processed_logprobs",
-            max_num_seqs=batch_size, enable_prefix_caching=True,
-        )  # fmt: skip
+            model=path,
+            tokenizer=path,
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            enable_sleep_mode=enable_sleep_mode,
+            distributed_executor_backend="external_launcher",
+            logprobs_mode="processed_logprobs",
+            max_num_seqs=batch_size,
+            enable_prefix_caching=True,
+        )
 
     # ------------------------------------------------------------------------------------- protocol
     def release(self, cache_keys: Sequence[Hashable] | None = None) -> None:
@@ -100,10 +126,16 @@ class VLLMGenerator:
         if self.stale:
             self.sync()
         sp = self._vllm.SamplingParams(
-            temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens, logprobs=0,
-            stop_token_ids=sorted(self.stop_ids | self.eos_ids), stop=self.stop_texts or None,
-            include_stop_str_in_output=True, skip_special_tokens=False, detokenize=bool(self.stop_texts),
-        )  # fmt: skip
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            logprobs=0,
+            stop_token_ids=sorted(self.stop_ids | self.eos_ids),
+            stop=self.stop_texts or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            detokenize=bool(self.stop_texts),
+        )
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
         return [self._generation(o.outputs[0]) for o in outs]
 

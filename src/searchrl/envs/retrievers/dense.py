@@ -83,15 +83,21 @@ class DenseRetriever:
             return []
         k = min(k, len(self.docs))
         scores, idx = self.index.search(self._encode([self.query_prefix + q for q in queries]), k)
-        return [[_with_score(self.docs[int(j)], float(s)) for j, s in zip(row_i, row_s) if j >= 0]
-                for row_i, row_s in zip(idx, scores)]  # fmt: skip
+        return [
+            [_with_score(self.docs[int(j)], float(s)) for j, s in zip(row_i, row_s) if j >= 0]
+            for row_i, row_s in zip(idx, scores)
+        ]
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         np.save(path / "embeddings.npy", self.embeddings)
-        meta = {"retriever": "dense", "encoder": self.encoder_path, "query_prefix": self.query_prefix,
-                "doc_prefix": self.doc_prefix}  # fmt: skip
+        meta = {
+            "retriever": "dense",
+            "encoder": self.encoder_path,
+            "query_prefix": self.query_prefix,
+            "doc_prefix": self.doc_prefix,
+        }
         _save_docs(path, self.docs, meta)
 
     @classmethod

@@ -35,12 +35,21 @@ class HTTPRetriever:
         if not queries:
             return []
         try:
-            payload = post_json(self.url, {"queries": queries, "topk": k, "return_scores": True}, self.timeout,
-                                self.retries, self.backoff)  # fmt: skip
+            payload = post_json(
+                self.url,
+                {"queries": queries, "topk": k, "return_scores": True},
+                self.timeout,
+                self.retries,
+                self.backoff,
+            )
         except ServiceError as exc:
-            hint = "" if exc.status else (
-                " Is it running? Start one with `searchrl serve-retriever --retriever bm25 --corpus CORPUS`."
-            )  # fmt: skip
+            hint = (
+                ""
+                if exc.status
+                else (
+                    " Is it running? Start one with `searchrl serve-retriever --retriever bm25 --corpus CORPUS`."
+                )
+            )
             raise RetrieverUnavailable(f"retrieval server: {exc}.{hint}") from None
         try:
             rows = payload["result"]
@@ -64,12 +73,23 @@ def _parse_doc(item: dict[str, Any]) -> Doc:
     return Doc(id=str(doc.get("id", "")), title=doc.get("title", ""), text=doc.get("text", ""), score=score)
 
 
-LIMITS = {"max_queries": 1024, "max_topk": 100, "max_query_chars": 4096, "max_body_bytes": 8 * 2**20,
-          "timeout": 60.0}  # fmt: skip
+LIMITS = {
+    "max_queries": 1024,
+    "max_topk": 100,
+    "max_query_chars": 4096,
+    "max_body_bytes": 8 * 2**20,
+    "timeout": 60.0,
+}
 
 
-def make_app(retriever: Retriever, max_queries: int = 1024, max_topk: int = 100, max_query_chars: int = 4096,
-             max_body_bytes: int = 8 * 2**20, timeout: float = 60.0) -> Any:  # fmt: skip
+def make_app(
+    retriever: Retriever,
+    max_queries: int = 1024,
+    max_topk: int = 100,
+    max_query_chars: int = 4096,
+    max_body_bytes: int = 8 * 2**20,
+    timeout: float = 60.0,
+) -> Any:
     """Search-R1's ``POST /retrieve`` (and ``GET /health``) for ``retriever``, as an ASGI app. Requests
     arriving together are answered by one retriever call (the largest ``topk`` among them, each cut to its
     own); every bad request gets a JSON error naming the limit."""
@@ -112,8 +132,14 @@ def make_app(retriever: Retriever, max_queries: int = 1024, max_topk: int = 100,
             {"status": "ok", "retriever": type(retriever).__name__, "batched_calls": batcher.calls}
         )
 
-    return json_app([Route("/retrieve", retrieve, methods=["POST"]), Route("/retrieve/", retrieve, methods=["POST"]),
-                     Route("/health", health, methods=["GET"])], max_body_bytes)  # fmt: skip
+    return json_app(
+        [
+            Route("/retrieve", retrieve, methods=["POST"]),
+            Route("/retrieve/", retrieve, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        max_body_bytes,
+    )
 
 
 def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **limits: Any) -> Any:

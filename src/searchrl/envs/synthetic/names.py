@@ -4,8 +4,32 @@ from __future__ import annotations
 
 import random
 
-_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
-           "br", "dr", "gr", "kr", "tr", "st", "th", "sh", "vr", "pl"]  # fmt: skip
+_ONSETS = [
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "gr",
+    "kr",
+    "tr",
+    "st",
+    "th",
+    "sh",
+    "vr",
+    "pl",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o", "ai", "ei", "ou"]
 _CODAS = ["", "", "", "n", "r", "l", "s", "m", "k", "th"]
 

@@ -118,8 +118,9 @@ def run_teacher(
     return states
 
 
-def trajectory_record(state: EnvState, world: World | None = None, rename: bool = False,
-                      rng: random.Random | None = None) -> dict[str, Any]:  # fmt: skip
+def trajectory_record(
+    state: EnvState, world: World | None = None, rename: bool = False, rng: random.Random | None = None
+) -> dict[str, Any]:
     """A JSON-able SFT record of a finished episode, optionally with every entity consistently renamed."""
     ex = state.example
     texts: dict[str, Any] = {
