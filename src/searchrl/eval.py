@@ -170,7 +170,8 @@ def run_best_of_n(
 
     from searchrl.rollout.generator import SamplingParams
     from searchrl.rollout.hf import HFGenerator
-    from searchrl.rollout.loop import expand, start_trajectories
+    from searchrl.rollout.loop import start_trajectories
+    from searchrl.rollout.search import best, step_search
 
     gen = HFGenerator(
         None,
@@ -180,20 +181,20 @@ def run_best_of_n(
         model_context=lambda: nullcontext(policy),
     )
     params = SamplingParams(temperature, 1.0, max_new_tokens)
-    trajs = start_trajectories(env, tokenizer, examples)
-    while live := [i for i, t in enumerate(trajs) if t.state is not None and not t.state.done]:
-        groups = expand([trajs[i] for i in live], n, env, gen, tokenizer, params, max_total_tokens)
-        flat = [(g, c) for g, group in enumerate(groups) for c in group]
-        states = [[i for s in c.segments[: c.steps[-1].segment] for i in s.token_ids] for _, c in flat]
-        actions = [c.segments[c.steps[-1].segment].token_ids for _, c in flat]
-        scores = scorer.score(states, actions)
-        best: dict[int, tuple[float, Any]] = {}
-        for (g, c), s in zip(flat, scores):
-            if g not in best or s > best[g][0]:
-                best[g] = (s, c)
-        for g, i in enumerate(live):
-            if g in best:
-                trajs[i] = best[g][1]
-            else:  # no room left to generate
-                trajs[i].state.done = True  # type: ignore[union-attr]
-    return [t.state for t in trajs]  # type: ignore[misc]
+
+    def score(pairs: list[tuple[Any, Any]]) -> list[float]:
+        cands = [c for _, c in pairs]
+        return scorer.score([c.state_ids() for c in cands], [c.action_ids() for c in cands]) if cands else []
+
+    trajs = step_search(
+        start_trajectories(env, tokenizer, examples),
+        n,
+        score,
+        best,
+        env,
+        gen,
+        tokenizer,
+        params,
+        max_total_tokens,
+    )
+    return [t.episode for t in trajs]

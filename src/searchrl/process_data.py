@@ -30,7 +30,8 @@ from searchrl.envs.search import RERENDERED_AGENTS
 from searchrl.envs.synthetic.teacher import step_records, trajectory_record
 from searchrl.rewards.judges import ANNOTATORS, JudgeItem
 from searchrl.rollout.generator import SamplingParams
-from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
+from searchrl.rollout.loop import RolloutStats, start_trajectories
+from searchrl.rollout.search import best, step_search
 
 
 def step_pairs(
@@ -77,31 +78,28 @@ def collect(
     bar = tqdm(total=len(examples), desc="collect", disable=not progress)
     for i in range(0, len(examples), batch):
         chunk = examples[i : i + batch]
-        prefixes = start_trajectories(env, tokenizer, chunk)
         ranked: list[list[tuple[Any, list[tuple[str, float]]]]] = [[] for _ in chunk]
-        while live := [q for q, p in enumerate(prefixes) if p.state is not None and not p.state.done]:
-            groups = expand(
-                [prefixes[q] for q in live],
-                cfg.n,
-                env,
-                generator,
-                tokenizer,
-                params,
-                exp.rollout.max_total_tokens,
-                stats,
-            )
-            items = [JudgeItem.of(prefixes[q], c) for q, g in zip(live, groups) for c in g]
-            scores = iter(annotate(items))
-            for q, group in zip(live, groups):
-                if not group:
-                    prefixes[q].episode.done = True
-                    continue
-                s = [float(next(scores)) for _ in group]
-                ranked[q].append(
-                    (prefixes[q].episode, [(c.episode.actions[-1], x) for c, x in zip(group, s)])
-                )
-                prefixes[q] = group[max(range(len(group)), key=lambda j: s[j])]  # execute the best action
-                steps += 1
+
+        def rank(
+            q: int, t: int, prefix: Any, group: list[Any], scores: list[Any], ranked: Any = ranked
+        ) -> int:
+            s = [float(x) for x in scores]
+            ranked[q].append((prefix.episode, [(c.episode.actions[-1], x) for c, x in zip(group, s)]))
+            return best(q, t, prefix, group, s)  # execute the best action
+
+        prefixes = step_search(
+            start_trajectories(env, tokenizer, chunk),
+            cfg.n,
+            lambda pairs: annotate([JudgeItem.of(p, c) for p, c in pairs]),
+            rank,
+            env,
+            generator,
+            tokenizer,
+            params,
+            exp.rollout.max_total_tokens,
+            stats,
+        )
+        steps += sum(len(r) for r in ranked)
         for q, p in enumerate(prefixes):
             if p.answer is not None and exact_match(p.answer, p.example.answers):  # keep correct episodes
                 kept += 1

@@ -116,6 +116,14 @@ class Trajectory:
     def __len__(self) -> int:
         return sum(len(s.token_ids) for s in self.segments)
 
+    def state_ids(self, step: int = -1) -> list[int]:
+        """The tokens the action of ``steps[step]`` was generated from: every segment before it."""
+        return [t for s in self.segments[: self.steps[step].segment] for t in s.token_ids]
+
+    def action_ids(self, step: int = -1) -> list[int]:
+        """The token ids of ``steps[step]``'s action, as sampled."""
+        return list(self.segments[self.steps[step].segment].token_ids)
+
     @property
     def n_action_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.segments if s.kind == "action")

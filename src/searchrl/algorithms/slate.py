@@ -33,7 +33,8 @@ from typing import Any, Literal
 from searchrl.aggregate import Mean, Sum
 from searchrl.algorithms.grpo import GRPO, GRPOConfig
 from searchrl.rewards.judges import JUDGES, JudgeItem, JudgeScores
-from searchrl.rollout.loop import RolloutStats, expand, start_trajectories
+from searchrl.rollout.loop import RolloutStats, start_trajectories
+from searchrl.rollout.search import step_search
 from searchrl.types import Segment, Step, Trajectory
 
 
@@ -73,11 +74,10 @@ def select(rewards: list[float], advantages: list[float], how: str, eta: float, 
     return rng.choices(range(len(w)), weights=w)[0]
 
 
-def candidate_sample(kid: Trajectory, n_prefix: int) -> Trajectory:
-    """The prefix (context, no loss) and the candidate's action: one training sample."""
-    prefix_ids = [i for s in kid.segments[:n_prefix] for i in s.token_ids]
-    action = kid.segments[n_prefix]
+def candidate_sample(kid: Trajectory) -> Trajectory:
+    """The prefix (context, no loss) and the candidate's action (its last step): one training sample."""
     step = kid.steps[-1]
+    prefix_ids, action = kid.state_ids(), kid.segments[step.segment]
     out = Trajectory(
         kid.example, [Segment("prompt", prefix_ids), action], state=kid.state, finish_reason=kid.finish_reason
     )
@@ -100,44 +100,38 @@ class SLATE(GRPO):
         c, cfg = self.ctx, self.cfg
         B = budget_of(cfg, c.env.max_turns)
         examples = [c.train_examples[i] for i in indices]
-        prefixes = start_trajectories(c.env, c.tokenizer, examples)  # prefix q belongs to question q
         samples: list[list[Trajectory]] = [[] for _ in examples]
         stats = RolloutStats()
         rewards: list[float] = []
         failures = 0
-        for t in range(1, B + 1):
-            live = [q for q, p in enumerate(prefixes) if p.state is not None and not p.state.done]
-            if not live:
-                break
-            groups = expand(
-                [prefixes[q] for q in live],
-                cfg.k,
-                c.env,
-                c.generator,
-                c.tokenizer,
-                c.sampling,
-                c.max_total_tokens,
-                stats,
-            )
-            items = [JudgeItem.of(prefixes[q], kid) for q, group in zip(live, groups) for kid in group]
-            scores = iter(self.judge(items))
-            for q, group in zip(live, groups):
-                if not group:
-                    prefixes[q].episode.done = True
-                    continue
-                judged = [next(scores) for _ in group]
-                failures += sum(s.failed for s in judged)
-                infos = [kid.steps[-1].info for kid in group]
-                r = [step_reward(s, i.kind, t, B, cfg.bonus, i.valid) for i, s in zip(infos, judged)]
-                rewards += r
-                n_prefix = len(prefixes[q].segments)
-                for kid, rj in zip(group, r):
-                    sample = candidate_sample(kid, n_prefix)
-                    sample.reward = rj
-                    sample.group_id = indices[q] * (B + 1) + t  # one group per (question, step)
-                    samples[q].append(sample)
-                rng = random.Random(hash((self.step, indices[q], t)))
-                prefixes[q] = group[select(r, step_advantages(r, cfg.eps), cfg.selection, cfg.eta, rng)]
+
+        def choose(q: int, t: int, prefix: Trajectory, group: list[Trajectory], judged: list[Any]) -> int:
+            nonlocal failures
+            failures += sum(s.failed for s in judged)
+            infos = [kid.steps[-1].info for kid in group]
+            r = [step_reward(s, i.kind, t, B, cfg.bonus, i.valid) for i, s in zip(infos, judged)]
+            rewards.extend(r)
+            for kid, rj in zip(group, r):
+                sample = candidate_sample(kid)
+                sample.reward = rj
+                sample.group_id = indices[q] * (B + 1) + t  # one group per (question, step)
+                samples[q].append(sample)
+            rng = random.Random(hash((self.step, indices[q], t)))
+            return select(r, step_advantages(r, cfg.eps), cfg.selection, cfg.eta, rng)
+
+        prefixes = step_search(
+            start_trajectories(c.env, c.tokenizer, examples),
+            cfg.k,
+            lambda pairs: self.judge([JudgeItem.of(p, kid) for p, kid in pairs]),
+            choose,
+            c.env,
+            c.generator,
+            c.tokenizer,
+            c.sampling,
+            c.max_total_tokens,
+            stats,
+            max_steps=B,
+        )
         from searchrl.answers import exact_match
 
         n = len(prefixes)

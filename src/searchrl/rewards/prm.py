@@ -65,10 +65,7 @@ def _scorer(path: str) -> PRMScorer:
 def prm_reward(traj: Any, *, model: str, scale: float = 1.0) -> RewardOutput:
     """Process reward: ``scale`` · r(s_t, a_t) at each step; the outcome score is their mean."""
     scorer = _scorer(str(model))
-    states, actions = [], []
-    for st in traj.steps:
-        seg = traj.segments[st.segment]
-        states.append([i for s in traj.segments[: st.segment] for i in s.token_ids])
-        actions.append(list(seg.token_ids))
+    states = [traj.state_ids(i) for i in range(len(traj.steps))]
+    actions = [traj.action_ids(i) for i in range(len(traj.steps))]
     scores = [scale * s for s in scorer.score(states, actions)] if states else []
     return RewardOutput(score=sum(scores) / max(len(scores), 1), step_scores=tuple(scores))
