@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,3 +69,18 @@ def _load(path: Path) -> list[Doc]:
     if isinstance(data, list):
         return [_from_record(i, rec, path) for i, rec in enumerate(data)]
     raise DataError(f"{path}: expected a JSON list or dict of documents, got {type(data).__name__}")
+
+
+DOC_FORMATS = {  # how retrieved documents are written into an observation
+    "search_r1": "Doc {i}(Title: {title}) {text}",  # Search-R1, ReSearch, FlashRAG
+    "stepsearch": "Doc {i}<## Title: {title} ##> {text}",  # StepSearch's public code (its reward parses it)
+}
+
+
+def format_docs(docs: Sequence[Doc], max_words: int | None = None, style: str = "search_r1") -> str:
+    """Documents as the agent (or a summarizer) reads them, one per line (`DOC_FORMATS`)."""
+    lines = []
+    for i, d in enumerate(docs, 1):
+        text = d.text if max_words is None else " ".join(d.text.split()[:max_words])
+        lines.append(DOC_FORMATS[style].format(i=i, title=d.title, text=text))
+    return "\n".join(lines)

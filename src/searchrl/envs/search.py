@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from searchrl.data.corpus import Doc
+from searchrl.data.corpus import DOC_FORMATS, Doc, format_docs
 from searchrl.data.example import Example
 from searchrl.envs.retrievers.base import Retriever
 from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES, ChatTemplate, TagSet
@@ -39,21 +39,6 @@ ERRORS = (
     "missing_boxed",
     "empty_answer",
 )
-
-
-DOC_FORMATS = {  # how retrieved documents are written into an observation
-    "search_r1": "Doc {i}(Title: {title}) {text}",  # Search-R1, ReSearch, FlashRAG
-    "stepsearch": "Doc {i}<## Title: {title} ##> {text}",  # StepSearch's public code (its reward parses it)
-}
-
-
-def format_docs(docs: Sequence[Doc], max_words: int | None = None, style: str = "search_r1") -> str:
-    """Documents as the agent (or a summarizer) reads them, one per line (`DOC_FORMATS`)."""
-    lines = []
-    for i, d in enumerate(docs, 1):
-        text = d.text if max_words is None else " ".join(d.text.split()[:max_words])
-        lines.append(DOC_FORMATS[style].format(i=i, title=d.title, text=text))
-    return "\n".join(lines)
 
 
 def last_boxed(text: str) -> str | None:

@@ -181,7 +181,7 @@ class LLMSummarizer:
 
     def __call__(self, items: Sequence[SummaryItem]) -> list[str]:
         convs = []
-        from searchrl.envs.search import format_docs
+        from searchrl.data.corpus import format_docs
 
         for question, query, docs in items:
             text = format_docs(docs)
