@@ -240,48 +240,13 @@ def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> d
     examples = rt.examples(exp.eval.split)[: exp.eval.limit]
     label = f"{dataset or exp.eval.split}"
     t = time.perf_counter()
-    if exp.eval.agent == "policy":
-        from contextlib import nullcontext
+    if exp.eval.agent == "prm":  # the start policy guided by the trained PRM, one row per N
+        return _evaluate_prm(args, exp, rt, label)
+    if args.model:
+        _check_model_dir(args.model)
+    from searchrl.eval import EVAL_AGENTS
 
-        from searchrl.engine.checkpoint import has_weights
-        from searchrl.eval import run_policy
-        from searchrl.models.load import load_model_and_tokenizer
-        from searchrl.runtime import local_model_dir
-
-        trained = exp.out / "final"
-        if args.model:
-            _check_model_dir(args.model)
-        path = args.model or (trained if has_weights(trained) else local_model_dir(rt))
-        print(f"evaluating the policy in {path} on {label}")
-        model, tokenizer = load_model_and_tokenizer(path, exp.model.dtype)
-        states = run_policy(
-            lambda: nullcontext(model),
-            tokenizer,
-            rt.env(),
-            examples,
-            exp.eval.temperature,
-            exp.rollout.max_new_tokens,
-            exp.rollout.max_total_tokens,
-            exp.rollout.batch_size,
-        )
-    elif exp.eval.agent == "teacher":
-        from searchrl.envs.synthetic.teacher import run_teacher
-
-        if rt.world is None:
-            raise SearchRLError("the teacher agent needs the synthetic world (data.source: synthetic)")
-        states = run_teacher(rt.env(), examples, exp.teacher)
-    else:  # "prm": the start policy guided by the trained PRM (RAG-Gym Algorithm 1), for each N
-        from searchrl.train import evaluate_best_of_n
-
-        ws = exp.warm_start
-        policy = args.model or (ws.checkpoint if ws and ws.checkpoint else None) or exp.out / "sft" / "final"
-        prm = exp.eval.prm or exp.out / "final"
-        rows = {}
-        for n in exp.eval.best_of:
-            print(f"policy {policy} guided by the PRM in {prm}, best of {n}, on {label}")
-            rows[f"prm-best-of-{n}-{label}"] = evaluate_best_of_n(rt, Path(policy), Path(prm), n)
-            save_resolved(exp, exp.out / "eval", f"prm-best-of-{n}-{exp.eval.split}.config.yaml")
-        return rows
+    states = EVAL_AGENTS[exp.eval.agent](rt, examples, args.model, label)
     from searchrl.serving import check_failure_rates, failure_summary, service_metrics
 
     for line in failure_summary():
@@ -296,6 +261,23 @@ def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> d
     print(json.dumps({k: metrics[k] for k in ("em_by_hops", "finish_reasons")}))
     print(f"results written to {js}")
     return {name: metrics}
+
+
+def _evaluate_prm(args: argparse.Namespace, exp: Any, rt: Any, label: str) -> dict[str, dict[str, Any]]:
+    """RAG-Gym Algorithm 1: the start policy (``--model``, the warm-start checkpoint, else the run's SFT
+    model) guided by the PRM (``eval.prm``, else the run's final model), best-of-N for each N."""
+    from searchrl.config import save_resolved
+    from searchrl.train import evaluate_best_of_n
+
+    ws = exp.warm_start
+    policy = args.model or (ws.checkpoint if ws and ws.checkpoint else None) or exp.out / "sft" / "final"
+    prm = exp.eval.prm or exp.out / "final"
+    rows = {}
+    for n in exp.eval.best_of:
+        print(f"policy {policy} guided by the PRM in {prm}, best of {n}, on {label}")
+        rows[f"prm-best-of-{n}-{label}"] = evaluate_best_of_n(rt, Path(policy), Path(prm), n)
+        save_resolved(exp, exp.out / "eval", f"prm-best-of-{n}-{exp.eval.split}.config.yaml")
+    return rows
 
 
 def cmd_train(args: argparse.Namespace) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from searchrl.answers import answer_scores
 from searchrl.envs.search import EnvState
+from searchrl.errors import DataError
 
 
 def redundant_searches(state: EnvState) -> int:
@@ -198,3 +199,44 @@ def run_best_of_n(
         max_total_tokens,
     )
     return [t.episode for t in trajs]
+
+
+def policy_agent(rt: Any, examples: Sequence[Any], model: str | None, label: str) -> list[EnvState]:
+    """Greedy (``eval.temperature``) episodes of a policy: ``model``, else the run's trained model, else
+    the experiment's model."""
+    from contextlib import nullcontext
+
+    from searchrl.engine.checkpoint import has_weights
+    from searchrl.models.load import load_model_and_tokenizer
+    from searchrl.runtime import local_model_dir
+
+    exp = rt.exp
+    trained = exp.out / "final"
+    path = model or (trained if has_weights(trained) else local_model_dir(rt))
+    print(f"evaluating the policy in {path} on {label}")
+    policy, tokenizer = load_model_and_tokenizer(path, exp.model.dtype)
+    r = exp.rollout
+    return run_policy(
+        lambda: nullcontext(policy),
+        tokenizer,
+        rt.env(),
+        examples,
+        exp.eval.temperature,
+        r.max_new_tokens,
+        r.max_total_tokens,
+        r.batch_size,
+    )
+
+
+def teacher_agent(rt: Any, examples: Sequence[Any], model: str | None, label: str) -> list[EnvState]:
+    """The scripted oracle of the synthetic world (an upper bound for the environment and retriever)."""
+    from searchrl.envs.synthetic.teacher import run_teacher
+
+    if rt.world is None:
+        raise DataError("the teacher agent needs the synthetic world (data.source: synthetic)")
+    return run_teacher(rt.env(), list(examples), rt.exp.teacher)
+
+
+# `searchrl eval --agent NAME` (``eval.agent``): NAME -> fn(runtime, examples, --model, label) -> episodes.
+# PRM best-of-N (``prm``) returns one row per N and is run by the CLI itself.
+EVAL_AGENTS = {"policy": policy_agent, "teacher": teacher_agent}
