@@ -153,8 +153,8 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
     exp = load_experiment(None, overrides(a, world, tmp / f"{algo}-{backend}", algo, backend))
     rt = Runtime(exp)
     args = {"kl_coef": 0.01} if algo in ONLINE else {}
-    if algo == "slate":
-        args["k"] = 2
+    if algo == "slate":  # the varying judge below: step groups with a learning signal even untrained
+        args.update(k=2, judge="gpu_smoke_length")
     cfg = TrainerConfig(
         steps=a.steps,
         batch_size=a.questions * a.world_size,
@@ -224,6 +224,15 @@ def worker(a: argparse.Namespace) -> None:
     @register_reward("gpu_smoke_length")
     def length(traj: Any, **_: Any) -> float:  # varies within a group even for an untrained model
         return (sum(traj.token_ids) % 7) / 6
+
+    from searchrl.rewards.judges import JUDGES, JudgeScores
+
+    class LengthJudge:  # SLATE's judge for the same reason: the rule judge scores every invalid action alike
+        def __call__(self, items: list[Any]) -> list[JudgeScores]:
+            return [JudgeScores(think=float(len(it.action) % 3 - 1), answer=0.0) for it in items]
+
+    if "gpu_smoke_length" not in JUDGES:
+        JUDGES.add("gpu_smoke_length", LengthJudge)
 
     state = distributed_state()
     a.world_size = state.num_processes
