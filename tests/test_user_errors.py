@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.cli import main
+from searchrl.errors import SearchRLError
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
@@ -91,68 +92,26 @@ def test_bad_data_files(tmp_path, capsys, fixtures):
         fails(capsys, ["index", "--corpus", str(corpus), "--out", str(tmp_path / "i")], str(corpus), why)
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"id": "1", "answer": "x"}\n')
-    fails(
-        capsys,
-        [
-            "eval",
-            QUICKSTART,
-            "--agent",
-            "teacher",
-            "--data",
-            f"q={questions},{fixtures / 'corpus.jsonl'}",
-            f"output_dir={tmp_path}/e",
-        ],
-        str(questions),
-        "cannot tell the format",
-        "flashrag",
-    )
-    fails(
-        capsys,
-        [
-            "eval",
-            QUICKSTART,
-            "--agent",
-            "teacher",
-            "--data",
-            f"q={questions},{fixtures / 'corpus.jsonl'}",
-            "--data-format",
-            "flashrag",
-            f"output_dir={tmp_path}/e",
-        ],
-        str(questions),
-        "row 0 needs 'question'",
-    )
     hotpot = tmp_path / "h.json"
     hotpot.write_text('[{"question": "q", "answer": "a", "supporting_facts": [], "context": []}]')
-    fails(
-        capsys,
-        [
+
+    def eval_on(path, *options):
+        corpus = fixtures / "corpus.jsonl"
+        return [
             "eval",
             QUICKSTART,
             "--agent",
             "teacher",
             "--data",
-            f"h={hotpot},{fixtures / 'corpus.jsonl'}",
+            f"q={path},{corpus}",
+            *options,
             f"output_dir={tmp_path}/e",
-        ],
-        str(hotpot),
-        "not a hotpotqa question file",
-        "'_id'",
-    )
-    fails(
-        capsys,
-        [
-            "eval",
-            QUICKSTART,
-            "--agent",
-            "teacher",
-            "--data",
-            f"q={empty},{fixtures / 'corpus.jsonl'}",
-            f"output_dir={tmp_path}/e",
-        ],
-        str(empty),
-        "no questions",
-    )
+        ]
+
+    fails(capsys, eval_on(questions), str(questions), "cannot tell the format", "flashrag")
+    fails(capsys, eval_on(questions, "--data-format", "flashrag"), str(questions), "row 0 needs 'question'")
+    fails(capsys, eval_on(hotpot), str(hotpot), "not a hotpotqa question file", "'_id'")
+    fails(capsys, eval_on(empty), str(empty), "no questions")
 
 
 def test_bad_arguments(tmp_path, capsys, fixtures):
@@ -231,3 +190,15 @@ def test_one_key_value_parser_for_overrides_args_and_world_settings(tmp_path, ca
         ["world", "--out", str(tmp_path / "w"), "persons=[1"],
         "key 'persons': value is not valid YAML",
     )
+
+
+def test_a_hub_id_is_passed_on_as_a_model(monkeypatch, tmp_path):
+    """``--model org/name`` goes to transformers (GPU users with the hub); only local paths are checked."""
+    from searchrl.cli import _check_model_dir
+
+    _check_model_dir("Qwen/Qwen2.5-0.5B-Instruct")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SearchRLError, match="does not exist"):
+        _check_model_dir("./runs/nope")
+    with pytest.raises(SearchRLError, match="does not exist"):
+        _check_model_dir(str(tmp_path / "nope"))

@@ -197,8 +197,10 @@ class Served:
         self._thread = threading.Thread(target=self.run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
+        while not self.server.started and time.monotonic() < deadline and self._thread.is_alive():
             time.sleep(0.01)
+        if not self.server.started:
+            raise SearchRLError(f"the server on {self.url} did not start")
         return self
 
     def stop(self) -> None:

@@ -144,10 +144,16 @@ def _check_port(port: int) -> None:
 
 
 def _check_model_dir(path: str | Path) -> None:
+    """``--model``: a local model directory, or a hub id (``org/name``, passed on to transformers)."""
     p = Path(path)
+    hub_id = (
+        not p.exists() and not p.is_absolute() and str(path).count("/") == 1 and not str(path).startswith(".")
+    )
+    if hub_id:
+        return
     if not p.is_dir() or not ((p / "config.json").exists() or (p / "adapter_config.json").exists()):
         why = "does not exist" if not p.exists() else "is not a model directory (no config.json)"
-        raise SearchRLError(f"--model {p}: {why}; pass a local Hugging Face model directory")
+        raise SearchRLError(f"--model {p}: {why}; pass a Hugging Face model directory or hub id (org/name)")
 
 
 def _retriever_kwargs(name: str, items: list[str]) -> dict[str, Any]:
@@ -240,10 +246,10 @@ def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> d
     examples = rt.examples(exp.eval.split)[: exp.eval.limit]
     label = f"{dataset or exp.eval.split}"
     t = time.perf_counter()
-    if exp.eval.agent == "prm":  # the start policy guided by the trained PRM, one row per N
-        return _evaluate_prm(args, exp, rt, label)
     if args.model:
         _check_model_dir(args.model)
+    if exp.eval.agent == "prm":  # the start policy guided by the trained PRM, one row per N
+        return _evaluate_prm(args, exp, rt, label)
     from searchrl.eval import EVAL_AGENTS
 
     states = EVAL_AGENTS[exp.eval.agent](rt, examples, args.model, label)
