@@ -108,7 +108,6 @@ def overrides(a: argparse.Namespace, world: str, out: Path, algo: str, backend: 
         "env.max_turns=2",
         f"rollout.max_new_tokens={a.max_new_tokens}",
         f"rollout.max_total_tokens={a.max_total_tokens}",
-        "rollout.group_size=2",
         "rollout.temperature=1.0",
         f"rollout.backend={backend}",
         f"rewards={rewards}",
@@ -152,7 +151,9 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
 
     exp = load_experiment(None, overrides(a, world, tmp / f"{algo}-{backend}", algo, backend))
     rt = Runtime(exp)
-    args = {"kl_coef": 0.01} if algo in ONLINE else {}
+    args: dict[str, Any] = {"kl_coef": 0.01} if algo in ONLINE else {}
+    if algo in ("grpo", "ppo", "steppo"):
+        args["group_size"] = 2
     if algo == "slate":  # the varying judge below: step groups with a learning signal even untrained
         args.update(k=2, judge="gpu_smoke_length")
     cfg = TrainerConfig(

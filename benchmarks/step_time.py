@@ -42,7 +42,7 @@ def ours(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[fl
     )
     tr = Trainer(
         algorithm="grpo",
-        algorithm_args={"kl_coef": 0.001},
+        algorithm_args={"group_size": exp.algorithm.args["group_size"], "kl_coef": 0.001},
         model_path=model,
         cfg=cfg,
         out_dir=Path(tempfile.mkdtemp()),
@@ -68,7 +68,7 @@ def trl(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[flo
     env = rt.env()
     examples = rt.examples("train")
     by_prompt = {env.reset(ex).prompt: ex for ex in examples}
-    G = exp.rollout.group_size
+    G = exp.algorithm.args["group_size"]
     params = SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens)
 
     def rollout_func(prompts, trainer):
@@ -151,7 +151,9 @@ def main() -> None:
     torch.manual_seed(0)
     res["trl"] = trl(exp, rt, a.model, a.steps, a.questions, a.micro)
     summary = {k: statistics.mean(v[1:]) if len(v) > 1 else v[0] for k, v in res.items()}
-    print(f"{a.questions} questions x {exp.rollout.group_size} samples per step, micro-batch {a.micro}")
+    print(
+        f"{a.questions} questions x {exp.algorithm.args['group_size']} samples per step, micro-batch {a.micro}"
+    )
     print("| trainer | seconds per step (mean after warm-up) | all steps |\n|---|---|---|")
     for k, v in res.items():
         print(f"| {k} | {summary[k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")

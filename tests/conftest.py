@@ -100,7 +100,6 @@ def make_exp(world_dir, tiny_model_dir, tmp_path):
                 "env.max_turns=3",
                 "rollout.max_new_tokens=16",
                 "rollout.max_total_tokens=256",
-                "rollout.group_size=4",
                 "rewards=[{name: f1}]",
                 *overrides,
             ],

@@ -15,9 +15,9 @@ def write_sweep(tmp_path, world_dir, tiny_model_dir, extra=""):
     base.write_text(f"""data: {{world_dir: {world_dir}}}
 model: {{path: {tiny_model_dir}}}
 env: {{template: short, topk: 2, max_turns: 2}}
-rollout: {{max_new_tokens: 8, max_total_tokens: 160, group_size: 2, temperature: 1.0}}
+rollout: {{max_new_tokens: 8, max_total_tokens: 160, temperature: 1.0}}
 rewards: [{{name: f1}}]
-algorithm: {{name: grpo}}
+algorithm: {{name: grpo, group_size: 2}}
 trainer: {{steps: 2, batch_size: 2, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}}
 eval: {{split: test, limit: 4}}
 """)

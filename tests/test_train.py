@@ -24,7 +24,7 @@ def test_train_pipeline_and_resume(tmp_path, world_dir, tiny_model_dir, capsys):
         "warm_start.teacher_passes=1",
         "warm_start.trainer={steps: 2, batch_size: 4, micro_batch_size: 4, lr: 1.0e-3, save_every: 1}",
         "trainer={steps: 2, batch_size: 2, micro_batch_size: 8, lr: 1.0e-4, save_every: 1}",
-        "rollout.group_size=4",
+        "algorithm.group_size=4",
         "rollout.max_new_tokens=12",
         "rollout.max_total_tokens=200",
         "eval.limit=6",

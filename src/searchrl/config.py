@@ -176,7 +176,6 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     backend: str = field(default="hf", metadata={"registry": "generators"})
-    group_size: int = 5  # trajectories per question (ReSearch Table 4: 5 rollouts)
     temperature: float = 1.0  # ReSearch Table 4; also divides the logits of the training log-probs
     top_p: float = 1.0
     max_new_tokens: int = 128  # per action (generation stops earlier at a stop tag)
@@ -289,7 +288,6 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     },
     "LoraConfig": {"r": _AT_LEAST_1, "alpha": _POSITIVE, "dropout": (lambda v: 0 <= v < 1, "in [0, 1)")},
     "RolloutConfig": {
-        "group_size": _AT_LEAST_1,
         "temperature": _AT_LEAST_0,
         "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
         "max_new_tokens": _AT_LEAST_1,
@@ -315,6 +313,13 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "EvalConfig": {"limit": _AT_LEAST_1, "temperature": _AT_LEAST_0, "best_of_temperature": _AT_LEAST_0},
     "ProcessDataConfig": {"n": _AT_LEAST_1, "limit": _AT_LEAST_1, "temperature": _AT_LEAST_0},
     "DistributedConfig": {"timeout": _POSITIVE},
+}
+
+
+# keys that moved, with where they live now (the error message says so)
+MOVED = {
+    "RolloutConfig.group_size": "samples per question belong to the algorithm that uses them: "
+    "algorithm.group_size (grpo, ppo, steppo; slate samples k candidates per step)",
 }
 
 
@@ -461,7 +466,10 @@ def _convert_dataclass(cls: Any, value: Any, ctx: Ctx, key: str) -> Any:
     for k, v in value.items():
         sub = f"{key}.{k}" if key else str(k)
         if k not in fields:
-            raise ctx.error(sub, "unknown key", value=k, choices=list(fields))
+            hint = MOVED.get(f"{cls.__name__}.{k}")
+            raise ctx.error(
+                sub, "unknown key", value=k, choices=list(fields), **({"hint": hint} if hint else {})
+            )
         kwargs[k] = convert(hints[k], v, ctx, sub)
         _check_names(fields[k], kwargs[k], ctx, sub)
         _check_range(cls.__name__, k, kwargs[k], ctx, sub)

@@ -81,15 +81,17 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
     """Deeper checks that import the named objects: algorithm arguments against the algorithm's
     ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
     file will train its algorithm) that the algorithm can train the agent design."""
-    from searchrl.algorithms import ALGORITHMS
+    from searchrl.algorithms import ALGORITHMS, requirements
     from searchrl.envs.search import AGENTS, RERENDERED_AGENTS
     from searchrl.rewards import REWARDS
     from searchrl.rewards.pipeline import check_calling_convention
     from searchrl.rewards.registry import PROVIDED, reward_kind
 
     if exp.algorithm is not None:
-        algo = ALGORITHMS.get(exp.algorithm.name)
-        if training and getattr(algo, "online", False) and exp.env.agent in RERENDERED_AGENTS:
+        algo: Any = ALGORITHMS.get(exp.algorithm.name)
+        from_dict_checked(algo.Config, exp.algorithm.args, source, "algorithm")
+        req = requirements(exp.algorithm.name, exp.algorithm.args, exp.env, source)
+        if training and req.online and exp.env.agent in RERENDERED_AGENTS:
             raise ConfigError(
                 f"agent '{exp.env.agent}' re-renders its state at every step, so an episode is not one token "
                 f"sequence; the online algorithm '{exp.algorithm.name}' trains on such sequences",
@@ -99,16 +101,7 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 choices=[a for a in AGENTS if a not in RERENDERED_AGENTS],
                 hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)",
             )
-        config_cls = getattr(algo, "Config", None)
-        if config_cls is not None:
-            from_dict_checked(config_cls, exp.algorithm.args, source, "algorithm")
-        elif exp.algorithm.args:
-            raise ConfigError(
-                "this algorithm takes no arguments", file=source, key="algorithm", value=exp.algorithm.args
-            )
-        if getattr(algo, "needs_process_reward", False) and not any(
-            reward_kind(s.name) == "process" for s in exp.rewards
-        ):
+        if req.process_reward and not any(reward_kind(s.name) == "process" for s in exp.rewards):
             raise ConfigError(
                 f"algorithm '{exp.algorithm.name}' places per-step rewards, but no configured reward is a "
                 "process reward",

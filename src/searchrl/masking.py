@@ -65,4 +65,6 @@ def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = 
         rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
         step_rewards=step_rewards,
         group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
+        pair_ids=torch.tensor([t.pair_id for t in trajs], dtype=torch.long),
+        chosen=torch.tensor([t.chosen for t in trajs], dtype=torch.bool),
     )

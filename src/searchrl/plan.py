@@ -50,15 +50,15 @@ class Plan:
 
 
 def plan(exp: Experiment) -> Plan:
-    from searchrl.algorithms import ALGORITHMS
+    from searchrl.algorithms import requirements
 
     if exp.algorithm is None:
         raise ConfigError(
             "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
         )
     algo = exp.algorithm.name
-    cls = ALGORITHMS.get(algo)
-    kind = getattr(cls, "data", None)  # None (online), "trajectories" or "pairs"
+    req = requirements(algo, exp.algorithm.args, exp.env)
+    kind = req.data  # None (online), "trajectories" or "pairs"
     process = exp.process_data.out if kind else None
     if kind == "pairs" and process is None:
         raise ConfigError(
@@ -84,7 +84,7 @@ def plan(exp: Experiment) -> Plan:
     data = "online" if kind is None else "teacher" if teacher_main else f"process-{kind}"
     name = algo if algo != WARM or not warm else f"{algo} (process data)"
     stages.append(Stage(name, algo, dict(exp.algorithm.args), exp.trainer, exp.out, start, data))  # type: ignore[arg-type]
-    if getattr(cls, "policy", True):
+    if req.acts:
         evaluations.append(Evaluation(name, name))
     else:
         evaluations += [Evaluation(f"{algo} best-of-{n}", start, guide=name, n=n) for n in exp.eval.best_of]

@@ -106,6 +106,8 @@ class Trajectory:
     reward: float = 0.0
     step_rewards: list[float] = field(default_factory=list)  # one per step, placed at Step.last_token
     group_id: int = 0  # trajectories sampled for the same question (GRPO) or the same prefix (SLATE) share it
+    pair_id: int = -1  # a (chosen, rejected) preference pair's index, shared by its two rows (-1: no pair)
+    chosen: bool = False  # the chosen row of its pair
     finish_reason: str | None = None  # "answer" | "budget" | "eos" | "length"
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -155,6 +157,8 @@ class RolloutBatch:
     rewards: torch.Tensor  # (B,) float, outcome reward
     step_rewards: torch.Tensor  # (B, S) float, process reward at each step
     group_ids: torch.Tensor  # (B,) long
+    pair_ids: torch.Tensor  # (B,) long, the preference pair a row belongs to (-1: none)
+    chosen: torch.Tensor  # (B,) bool, True on the chosen row of each pair
     extras: dict[str, torch.Tensor] = field(
         default_factory=dict
     )  # (B, T) algorithm tensors (old_logp, advantages…), or (B,) per-sequence ones

@@ -92,6 +92,8 @@ def _batch(rewards, groups, old, ref):
         sampled_logprobs=torch.zeros(B, T),
         rewards=torch.tensor(rewards),
         step_rewards=torch.zeros(B, 1),
+        pair_ids=torch.full((B,), -1),
+        chosen=torch.zeros(B, dtype=torch.bool),
         group_ids=torch.tensor(groups),
         extras={"old_logp": old * mask, "ref_logp": ref * mask},
     )

@@ -102,6 +102,8 @@ def batch_for(rewards, old_logp, ref_logp, loss_mask, values=None):
         sampled_logprobs=old_logp,
         rewards=rewards,
         step_rewards=torch.zeros(B, 1),
+        pair_ids=torch.full((B,), -1),
+        chosen=torch.zeros(B, dtype=torch.bool),
         group_ids=torch.arange(B),
         extras={
             "old_logp": old_logp,
@@ -118,7 +120,6 @@ def algo(**kw):
         tokenizer=None,
         rewards=None,
         sampling=None,
-        group_size=1,
         max_total_tokens=8,
         train_examples=[],
     )

@@ -82,15 +82,12 @@ def test_two_step_episode_by_hand(toy):
         tokenizer=tok,
         rewards=None,
         sampling=SamplingParams(),
-        group_size=1,
         max_total_tokens=400,
         train_examples=[ex],
     )
     algo = SLATE(SLATEConfig(k=2, selection="best", bonus=0.1), ctx)
     out, m = algo.collect([0])
-    assert (
-        algo.samples_per_item(algo.cfg, type("E", (), {"env": env})) == 2 * 4
-    )  # k * B slots (B = max_turns + 1)
+    assert algo.requires(algo.cfg, env).samples_per_item == 2 * 4  # k * B slots (B = max_turns + 1)
     assert len(out) == 4  # two steps of two candidates; the trainer pads the unused slots
     s = [t for t in out if t.state is not None]
     assert len(s) == 4 and m["slate/candidates"] == 4
@@ -126,7 +123,6 @@ def test_gradients_come_only_from_candidate_tokens(toy, tiny_model_dir):
         tokenizer=tok,
         rewards=None,
         sampling=SamplingParams(),
-        group_size=1,
         max_total_tokens=400,
         train_examples=[ex],
     )

@@ -58,14 +58,17 @@ if "dist_e2e_text" not in JUDGES:
 
 ONLINE = ("grpo", "grpo-full-logits", "grpo-lora", "ppo", "ppo-lora", "steppo", "slate")
 CASES: dict[str, dict[str, Any]] = {
-    "grpo": {"algorithm": "grpo", "args": {"kl_coef": 0.05}},
-    "grpo-full-logits": {"algorithm": "grpo", "args": {"kl_coef": 0.05}, "lean": False},
-    "grpo-lora": {"algorithm": "grpo", "args": {"kl_coef": 0.05}, "lora": True},
-    "ppo": {"algorithm": "ppo", "args": {"kl_coef": 0.05, "adaptive_kl": True, "kl_horizon": 100}},
-    "ppo-lora": {"algorithm": "ppo", "args": {"kl_coef": 0.05}, "lora": True},
+    "grpo": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}},
+    "grpo-full-logits": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lean": False},
+    "grpo-lora": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lora": True},
+    "ppo": {
+        "algorithm": "ppo",
+        "args": {"group_size": 2, "kl_coef": 0.05, "adaptive_kl": True, "kl_horizon": 100},
+    },
+    "ppo-lora": {"algorithm": "ppo", "args": {"group_size": 2, "kl_coef": 0.05}, "lora": True},
     "steppo": {
         "algorithm": "steppo",
-        "args": {"kl_coef": 0.0},
+        "args": {"group_size": 2, "kl_coef": 0.0},
         "rewards": "[{name: stepsearch}, {name: dist_e2e_ids}]",
     },
     "slate": {"algorithm": "slate", "args": {"k": 2, "kl_coef": 0.05, "judge": "dist_e2e_text"}},
@@ -87,7 +90,6 @@ def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
         "env.max_turns=3",
         "rollout.max_new_tokens=32",
         "rollout.max_total_tokens=320",
-        "rollout.group_size=2",
         "rollout.temperature=1.0",
         f"rewards={spec.get('rewards', '[{name: f1}, {name: dist_e2e_ids}]')}",
     ]

@@ -22,11 +22,14 @@ def length_reward(traj, **_):
     return (sum(ids) % 7) / 6
 
 
+GROUPED = {"grpo", "ppo", "steppo"}  # algorithms that take group_size: 4 rollouts per question here
+
+
 def trainer_for(exp, algorithm, cfg, records=None, resume=False, out=None, args=None):
     rt = Runtime(exp)
     return Trainer(
         algorithm=algorithm,
-        algorithm_args=args or {},
+        algorithm_args={"group_size": 4, **(args or {})} if algorithm in GROUPED else args or {},
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=out or exp.out,
@@ -236,7 +239,7 @@ def test_slate_trains_on_step_candidates(make_exp):
     exp = make_exp("rollout.temperature=1.0")
     cfg = TrainerConfig(steps=2, batch_size=2, micro_batch_size=8, lr=1e-3, save_every=2)
     tr = trainer_for(exp, "slate", cfg, args={"k": 3, "kl_coef": 0.01, "judge": "test_length"})
-    assert tr.group == 3 * (exp.env.max_turns + 1)
+    assert tr.req.samples_per_item == 3 * (exp.env.max_turns + 1)
     before = state(tr.policy)
     tr.run()
     assert any(not torch.equal(before[k], v) for k, v in state(tr.policy).items())

@@ -1,6 +1,14 @@
 """Training algorithms. Each one lives in its own module and is registered here by name."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from searchrl.registry import Registry
+
+if TYPE_CHECKING:
+    from searchrl.algorithms.base import Requirements
+    from searchrl.config import EnvConfig
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 # Lazy so that configs can be validated without importing torch.
@@ -12,4 +20,13 @@ ALGORITHMS.add_lazy("slate", "searchrl.algorithms.slate:SLATE")
 ALGORITHMS.add_lazy("dpo", "searchrl.algorithms.dpo:DPO")
 ALGORITHMS.add_lazy("prm", "searchrl.algorithms.prm:PRM")
 
-__all__ = ["ALGORITHMS"]
+
+def requirements(name: str, args: dict[str, Any], env: EnvConfig, source: str = "<config>") -> Requirements:
+    """What algorithm ``name`` with ``args`` (its config, checked) needs from the trainer."""
+    from searchrl.config import from_dict
+
+    cls: Any = ALGORITHMS.get(name)
+    return cls.requires(from_dict(cls.Config, args, source=source, key="algorithm"), env)  # type: ignore[no-any-return]
+
+
+__all__ = ["ALGORITHMS", "requirements"]

@@ -9,47 +9,71 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
 from searchrl.types import RolloutBatch, Trajectory
+
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
+    from searchrl.data.example import Example
+    from searchrl.envs.search import SearchEnv
+    from searchrl.rewards.pipeline import RewardPipeline
+    from searchrl.rollout.generator import Generator, SamplingParams
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What an algorithm needs from the trainer, for one configuration. The trainer reads it before it
+    builds anything: batch shapes, which models and passes to set up, where the training rows come from."""
+
+    samples_per_item: int = 1  # training rows one item (question, record) yields per step, on every process
+    online: bool = True  # collects with the rollout loop (False: trains on given records)
+    data: Literal["trajectories", "pairs"] | None = None  # offline data: SFT records or preference pairs
+    rows: Literal["single", "pairs"] = "single"  # "pairs": (chosen, rejected) rows that share a micro-batch
+    old_logprobs: bool = True  # a no-grad pass for π_old before the updates
+    reference: bool = False  # a frozen reference model (a KL term, or DPO's implicit reward)
+    value_head: bool = False  # a scalar head on the policy (`PolicyWithValue`): PPO's critic, the PRM
+    detach_value_trunk: bool = False  # the value loss trains the head only
+    process_reward: bool = False  # the experiment must configure a per-step reward
+    acts: bool = True  # the trained model acts (False: a scorer, evaluated guiding a policy)
+
+    def __post_init__(self) -> None:
+        if self.samples_per_item < 1:
+            raise ValueError(f"samples_per_item must be at least 1, not {self.samples_per_item}")
+        if self.rows == "pairs" and self.samples_per_item % 2:
+            raise ValueError("pair rows come two per item")
+        if not self.online and self.data is None:
+            raise ValueError("an offline algorithm names the data it trains on")
 
 
 @dataclass
 class Context:
     """What the trainer hands an algorithm: the environment, a generator, the tokenizer, rewards."""
 
-    env: Any
-    generator: Any
-    tokenizer: Any
-    rewards: Any  # RewardPipeline | None
-    sampling: Any  # SamplingParams
-    group_size: int
+    env: SearchEnv
+    generator: Generator | None  # None for offline algorithms
+    tokenizer: Any  # a transformers tokenizer
+    rewards: RewardPipeline | None
+    sampling: SamplingParams
     max_total_tokens: int
-    train_examples: list[Any]
-    records: list[Any] | None = None  # offline data (SFT records), when the algorithm trains on a dataset
+    train_examples: list[Example]
+    records: list[dict[str, Any]] | None = None  # offline data (SFT records, pairs)
     sum_all: Callable[[Any], float] = float  # sums a number over processes (batch statistics must be global)
 
 
 class Algorithm(ABC):
     Config: ClassVar[type]
-    online: ClassVar[bool] = True  # collects with the rollout loop (False: trains on given records)
-    needs_old_logprobs: ClassVar[bool] = True
-    value_head: ClassVar[bool] = False  # actor-critic: the policy carries a value head (`PolicyWithValue`)
-    needs_process_reward: ClassVar[bool] = False  # the experiment must configure a per-step reward
-    pairwise: ClassVar[bool] = False  # rows come in (chosen, rejected) pairs that share a micro-batch
-    policy: ClassVar[bool] = True  # the trained model acts (False: a scorer, evaluated guiding a policy)
-    data: ClassVar[str | None] = None  # offline data: "trajectories" (SFT records) or "pairs" (process data)
 
     def __init__(self, config: Any, ctx: Context) -> None:
         self.cfg, self.ctx = config, ctx
         self.step = 0  # the trainer sets the current step before each collect
 
     @classmethod
-    def samples_per_item(cls, config: Any, exp: Any) -> int:
-        """Training sequences one item (question, record) yields per step, the same on every process."""
-        return int(exp.rollout.group_size) if cls.online else 1
+    @abstractmethod
+    def requires(cls, config: Any, env: EnvConfig) -> Requirements:
+        """What this algorithm, so configured, needs from the trainer (``env``: the experiment's)."""
 
     @classmethod
     def param_groups(cls, config: Any, model: torch.nn.Module, lr: float) -> list[dict[str, Any]]:
@@ -69,7 +93,8 @@ class Algorithm(ABC):
 
     @property
     def kl_coef(self) -> float:
-        return float(getattr(self.cfg, "kl_coef", 0.0))
+        """β of the KL term to the reference model the algorithm adds (0: none)."""
+        return 0.0
 
     @property
     def softmax_negatives(self) -> int:
@@ -78,17 +103,19 @@ class Algorithm(ABC):
 
     @property
     def loss_agg(self) -> str:
-        return str(getattr(self.cfg, "loss_agg", "token-mean"))
+        return str(self.cfg.loss_agg)
 
     def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         """Trajectories (with rewards) for the training items ``indices`` of this process: by default
-        ``rollout.group_size`` fresh episodes per question, scored by the reward pipeline."""
+        ``group_size`` (the algorithm's config) fresh episodes per question, scored by the reward pipeline."""
         from searchrl.rollout.loop import rollout
 
         c = self.ctx
+        if c.generator is None or c.rewards is None:
+            raise RuntimeError(f"{type(self).__name__} collects episodes: the trainer gives it a generator")
         examples = [c.train_examples[i] for i in indices]
         trajs, stats = rollout(
-            examples, c.env, c.generator, c.tokenizer, c.sampling, c.group_size, c.max_total_tokens
+            examples, c.env, c.generator, c.tokenizer, c.sampling, self.cfg.group_size, c.max_total_tokens
         )
         for t in trajs:  # group ids unique across processes: one group per question
             t.group_id = indices[t.group_id]
@@ -102,7 +129,7 @@ class Algorithm(ABC):
         """Per-token KL(π‖π_ref) with the config's ``kl_estimator`` and optional ``kl_clamp``."""
         from searchrl.functional import kl_penalty
 
-        return kl_penalty(logp, ref_logp, self.cfg.kl_estimator, getattr(self.cfg, "kl_clamp", None))
+        return kl_penalty(logp, ref_logp, self.cfg.kl_estimator, self.cfg.kl_clamp)
 
     def with_kl(
         self,
@@ -114,7 +141,7 @@ class Algorithm(ABC):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Adds β·KL(π‖π_ref) per action token when the config puts the KL in the loss (``kl_in: loss``,
         estimator ``kl_estimator``), and logs the entropy."""
-        if getattr(self.cfg, "kl_in", "loss") == "loss" and self.kl_coef > 0:
+        if self.cfg.kl_in == "loss" and self.kl_coef > 0:
             kl = self.kl_estimate(logp, mb.extras["ref_logp"])
             loss = loss + self.kl_coef * kl
             metrics["kl"] = kl.detach()
@@ -132,6 +159,12 @@ class Algorithm(ABC):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Unreduced per-token loss (B, T) and per-token metrics for a micro-batch; ``values`` (B, T) from
         the value head when the algorithm has one."""
+
+
+def check_group_size(group_size: int) -> None:
+    """``group_size`` (samples per question) of the online algorithms' configs."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be at least 1, not {group_size}")
 
 
 def head_param_groups(model: torch.nn.Module, lr: float, head_lr: float) -> list[dict[str, Any]]:

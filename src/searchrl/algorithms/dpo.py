@@ -13,14 +13,18 @@ DPO can lower the likelihood of the chosen actions too, and on our small models 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 
+from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
 from searchrl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
 
 
 @dataclass(frozen=True)
@@ -57,9 +61,9 @@ def dpo_loss(
 class DPO(PairwiseAlgorithm):
     Config = DPOConfig
 
-    @property
-    def kl_coef(self) -> float:  # β: the trainer builds the reference model when this is positive
-        return float(self.cfg.beta)
+    @classmethod
+    def requires(cls, config: DPOConfig, env: EnvConfig) -> Requirements:
+        return replace(super().requires(config, env), reference=True)  # π_ref of the implicit reward
 
     def loss(
         self,

@@ -3,26 +3,31 @@
 G rollouts per question; the outcome reward of each is normalised within its group,
 A_i = (r_i - mean_G r) / std_G r, broadcast over the rollout's action tokens (retrieved tokens are masked,
 §2.1 "Retrieval Result Masking"); the clipped ratio objective plus β·KL(π || π_ref) with the k3 estimator
-in the loss. Defaults are ReSearch's Table 4 (clip 0.2, KL 0.001, 5 rollouts set in `rollout.group_size`).
+in the loss. Defaults are ReSearch's Table 4 (clip 0.2, KL 0.001, 5 rollouts: ``group_size``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
 from searchrl.aggregate import Mean
 from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
-from searchrl.algorithms.base import Algorithm
+from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
 from searchrl.algorithms.losses import check_stabilisers, clipped_policy_loss
 from searchrl.functional import masked_sum
 from searchrl.types import RolloutBatch
 
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
+
 
 @dataclass(frozen=True)
-class GRPOConfig:
+class GroupPolicyConfig:
+    """The clipped-ratio objective with group-normalised advantages (GRPO and SLATE share it)."""
+
     clip_low: float = 0.2  # ε of eq. 1 (ReSearch Table 4); clip_high > clip_low gives DAPO's clip-higher
     clip_high: float = 0.2
     dual_clip: float | None = (
@@ -44,8 +49,25 @@ class GRPOConfig:
         check_stabilisers(self.dual_clip, self.kl_clamp)
 
 
+@dataclass(frozen=True)
+class GRPOConfig(GroupPolicyConfig):
+    group_size: int = 5  # G, rollouts per question (ReSearch Table 4); TRL's num_generations
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_group_size(self.group_size)
+
+
 class GRPO(Algorithm):
-    Config = GRPOConfig
+    Config: ClassVar[type] = GRPOConfig
+
+    @classmethod
+    def requires(cls, config: GRPOConfig, env: EnvConfig) -> Requirements:
+        return Requirements(samples_per_item=config.group_size, reference=config.kl_coef > 0)
+
+    @property
+    def kl_coef(self) -> float:
+        return float(self.cfg.kl_coef)
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         rewards = batch.rewards

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from searchrl.algorithms.advantages import gae, token_rewards
-from searchrl.algorithms.base import Algorithm, head_param_groups
+from searchrl.algorithms.base import Algorithm, Requirements, check_group_size, head_param_groups
 from searchrl.algorithms.losses import check_stabilisers, clipped_policy_loss
 from searchrl.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,11 @@ class PPOConfig:
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
         "token-mean"
     )
+    group_size: int = 1  # rollouts per question (Search-R1's PPO: one; the critic needs no group)
 
     def __post_init__(self) -> None:
         check_stabilisers(self.dual_clip, self.kl_clamp)
+        check_group_size(self.group_size)
 
 
 class AdaptiveKL:
@@ -74,7 +79,15 @@ class AdaptiveKL:
 
 class PPO(Algorithm):
     Config = PPOConfig
-    value_head = True
+
+    @classmethod
+    def requires(cls, config: PPOConfig, env: EnvConfig) -> Requirements:
+        return Requirements(
+            samples_per_item=config.group_size,
+            reference=config.kl_coef > 0,
+            value_head=True,
+            detach_value_trunk=config.detach_value_trunk,
+        )
 
     def __init__(self, config: Any, ctx: Any) -> None:
         super().__init__(config, ctx)

@@ -7,14 +7,17 @@ to each other in every micro-batch (the trainer keeps pairs together for ``pairw
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from searchrl.algorithms.base import Algorithm
+from searchrl.algorithms.base import Algorithm, Requirements
 from searchrl.algorithms.sft import record_to_trajectory
 from searchrl.rollout.loop import encode
 from searchrl.types import RolloutBatch, Segment, Step, Trajectory
+
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
 
 
 def action_row(rec: dict[str, Any], action: str, tokenizer: Any, chosen: bool, pair: int) -> Trajectory:
@@ -24,14 +27,19 @@ def action_row(rec: dict[str, Any], action: str, tokenizer: Any, chosen: bool, p
     )
     prefix = [i for s in state.segments for i in s.token_ids]
     ids = encode(tokenizer, action)
-    t = Trajectory(example=None, segments=[Segment("prompt", prefix), Segment("action", ids)], group_id=pair)  # type: ignore[arg-type]
+    t = Trajectory(
+        example=None,  # type: ignore[arg-type]
+        segments=[Segment("prompt", prefix), Segment("action", ids)],
+        group_id=pair,
+        pair_id=pair,
+        chosen=chosen,
+    )
     t.steps = [Step(segment=1, last_token=len(prefix) + len(ids) - 1, info=None)]  # type: ignore[arg-type]
-    t.reward = 1.0 if chosen else 0.0  # the batch's reward marks the chosen row of each pair
     return t
 
 
 def pair_rows(records: list[dict[str, Any]], indices: list[int], tokenizer: Any) -> list[Trajectory]:
-    """Chosen then rejected row of each pair, consecutive, sharing the pair's index as group id."""
+    """Chosen then rejected row of each pair, consecutive, sharing the pair's index as pair (and group) id."""
     out = []
     for i in indices:
         out += [
@@ -42,12 +50,13 @@ def pair_rows(records: list[dict[str, Any]], indices: list[int], tokenizer: Any)
 
 
 def pair_split(mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row indices (chosen, rejected) of the micro-batch's pairs, matched by group id (reward 1: chosen)."""
-    chosen = mb.rewards > 0.5
-    c_idx, r_idx = chosen.nonzero().squeeze(-1), (~chosen).nonzero().squeeze(-1)
-    c_idx = c_idx[mb.group_ids[c_idx].argsort()]
-    r_idx = r_idx[mb.group_ids[r_idx].argsort()]
-    if len(c_idx) != len(r_idx) or not torch.equal(mb.group_ids[c_idx], mb.group_ids[r_idx]):
+    """Row indices (chosen, rejected) of the micro-batch's pairs, matched by pair id; rows of no pair (the
+    trainer's padding) are left out."""
+    paired = mb.pair_ids >= 0
+    c_idx, r_idx = (paired & mb.chosen).nonzero().squeeze(-1), (paired & ~mb.chosen).nonzero().squeeze(-1)
+    c_idx = c_idx[mb.pair_ids[c_idx].argsort()]
+    r_idx = r_idx[mb.pair_ids[r_idx].argsort()]
+    if len(c_idx) != len(r_idx) or not torch.equal(mb.pair_ids[c_idx], mb.pair_ids[r_idx]):
         raise RuntimeError("a micro-batch holds an incomplete preference pair")
     return c_idx, r_idx
 
@@ -67,10 +76,9 @@ def place_pair_loss(
 class PairwiseAlgorithm(Algorithm):
     """Offline training on pair records (``ctx.records``): two rows per pair, kept in one micro-batch."""
 
-    online = False
-    needs_old_logprobs = False
-    pairwise = True
-    data = "pairs"
+    @classmethod
+    def requires(cls, config: Any, env: EnvConfig) -> Requirements:
+        return Requirements(samples_per_item=2, online=False, data="pairs", rows="pairs", old_logprobs=False)
 
     def __init__(self, config: Any, ctx: Any) -> None:
         super().__init__(config, ctx)
@@ -83,10 +91,6 @@ class PairwiseAlgorithm(Algorithm):
 
     def num_items(self) -> int:
         return len(self.records)
-
-    @classmethod
-    def samples_per_item(cls, config: Any, exp: Any) -> int:
-        return 2
 
     def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         return pair_rows(self.records, indices, self.ctx.tokenizer), {}

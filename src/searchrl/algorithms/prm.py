@@ -10,15 +10,18 @@ actions, as a reward for the online algorithms and for PRM-guided best-of-N infe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
 
-from searchrl.algorithms.base import head_param_groups
+from searchrl.algorithms.base import Requirements, head_param_groups
 from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
 from searchrl.types import RolloutBatch, Segment, Trajectory
+
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,11 @@ def prm_loss(score_c: torch.Tensor, score_r: torch.Tensor) -> torch.Tensor:
 
 class PRM(PairwiseAlgorithm):
     Config = PRMConfig
-    value_head = True
-    policy = False  # evaluated as best-of-N guidance of the policy it started from
+
+    @classmethod
+    def requires(cls, config: PRMConfig, env: EnvConfig) -> Requirements:
+        # a scorer, not a policy: evaluated as best-of-N guidance of the policy it started from
+        return replace(super().requires(config, env), value_head=True, acts=False)
 
     @classmethod
     def param_groups(cls, config: Any, model: torch.nn.Module, lr: float) -> list[dict[str, Any]]:

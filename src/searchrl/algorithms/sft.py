@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from searchrl.aggregate import Sum
-from searchrl.algorithms.base import Algorithm
+from searchrl.algorithms.base import Algorithm, Requirements
 from searchrl.algorithms.losses import nll_loss
 from searchrl.rollout.loop import encode
 from searchrl.types import RolloutBatch, Segment, Step, Trajectory
+
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,10 @@ def record_to_trajectory(
 
 class SFT(Algorithm):
     Config = SFTConfig
-    online = False
-    needs_old_logprobs = False
-    data = "trajectories"
+
+    @classmethod
+    def requires(cls, config: SFTConfig, env: EnvConfig) -> Requirements:
+        return Requirements(online=False, data="trajectories", old_logprobs=False)
 
     def __init__(self, config: SFTConfig, ctx: Any) -> None:
         super().__init__(config, ctx)

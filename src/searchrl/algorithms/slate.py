@@ -28,18 +28,22 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from searchrl.aggregate import Mean, Sum
-from searchrl.algorithms.grpo import GRPO, GRPOConfig
+from searchrl.algorithms.base import Requirements
+from searchrl.algorithms.grpo import GRPO, GroupPolicyConfig
 from searchrl.rewards.judges import JUDGES, JudgeItem, JudgeScores
 from searchrl.rollout.loop import RolloutStats, start_trajectories
 from searchrl.rollout.search import step_search
 from searchrl.types import Segment, Step, Trajectory
 
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
+
 
 @dataclass(frozen=True)
-class SLATEConfig(GRPOConfig):
+class SLATEConfig(GroupPolicyConfig):
     k: int = 5  # candidates per step (SLATE §5.3)
     eta: float = 0.7  # temperature of the reward-weighted selection
     selection: Literal["weighted", "best"] = "weighted"
@@ -93,8 +97,10 @@ class SLATE(GRPO):
         self.judge = JUDGES.get(config.judge)(**config.judge_args)
 
     @classmethod
-    def samples_per_item(cls, config: Any, exp: Any) -> int:
-        return int(config.k) * budget_of(config, exp.env.max_turns)
+    def requires(cls, config: SLATEConfig, env: EnvConfig) -> Requirements:  # type: ignore[override]
+        """Up to k candidates at each of the B steps of a question: k·B rows per question."""
+        k_b = config.k * budget_of(config, env.max_turns)
+        return Requirements(samples_per_item=k_b, reference=config.kl_coef > 0)
 
     def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         c, cfg = self.ctx, self.cfg

@@ -12,8 +12,18 @@ StepSearch Appendix B: γ = λ = 1 as in Search-R1's PPO, KL 1e-3, clip 0.2, cri
 
 from __future__ import annotations
 
-from searchrl.algorithms.ppo import PPO
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from searchrl.algorithms.base import Requirements
+from searchrl.algorithms.ppo import PPO, PPOConfig
+
+if TYPE_CHECKING:
+    from searchrl.config import EnvConfig
 
 
 class StePPO(PPO):
-    needs_process_reward = True  # checked with the experiment (`checks.check_arguments`)
+    @classmethod
+    def requires(cls, config: PPOConfig, env: EnvConfig) -> Requirements:
+        # a per-step reward must be configured (checked with the experiment: `experiment.check_arguments`)
+        return replace(super().requires(config, env), process_reward=True)

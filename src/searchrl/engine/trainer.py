@@ -16,13 +16,13 @@ import time
 from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from searchrl.aggregate import Max, Mean, Sum
 from searchrl.algorithms import ALGORITHMS
-from searchrl.algorithms.base import Algorithm, Context
+from searchrl.algorithms.base import Algorithm, Context, Requirements
 from searchrl.config import ConfigError, TrainerConfig, from_dict
 from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
@@ -33,6 +33,25 @@ from searchrl.models.policy import Reference, forward, forward_lean, load_policy
 from searchrl.rollout.generator import GENERATORS, SamplingParams
 from searchrl.serving import check_failure_rates, failure_summary, service_metrics
 from searchrl.types import RolloutBatch, Segment, Trajectory
+
+if TYPE_CHECKING:
+    from searchrl.config import Experiment
+    from searchrl.data.corpus import Doc
+    from searchrl.data.example import Example
+    from searchrl.envs.search import SearchEnv
+
+
+class Resources(Protocol):
+    """What the trainer reads from the run's resources (`searchrl.runtime.Runtime`, a layer above)."""
+
+    exp: Experiment
+
+    @property
+    def corpus(self) -> list[Doc]: ...
+
+    def env(self) -> SearchEnv: ...
+
+    def examples(self, split: str) -> list[Example]: ...
 
 
 class Schedule:
@@ -60,6 +79,9 @@ class Schedule:
 
 
 class Trainer:
+    """Built in the order the algorithm's `Requirements` dictate: batch shape, engine, policy (with a value
+    head when asked), optimizer, what the algorithm is handed (`Context`), reference model, checkpoints."""
+
     def __init__(
         self,
         *,
@@ -68,32 +90,17 @@ class Trainer:
         model_path: str | Path,
         cfg: TrainerConfig,
         out_dir: Path,
-        runtime: Any,  # searchrl.runtime.Runtime
+        runtime: Resources,
         records: list[dict[str, Any]] | None = None,
         resume: bool = False,
         seed: int = 0,
     ) -> None:
         exp = runtime.exp
-        self.cfg, self.out, self.seed, self.rt = cfg, out_dir, seed, runtime
+        self.cfg, self.out, self.seed, self.rt, self.algorithm = cfg, out_dir, seed, runtime, algorithm
         algo_cls: Any = ALGORITHMS.get(algorithm)
         algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
-        online = bool(algo_cls.online)
-        self.group = algo_cls.samples_per_item(algo_cfg, exp)
-
-        world = distributed_state().num_processes
-        per_proc = _divide(cfg.batch_size, world, "trainer.batch_size", "the number of processes")
-        self.rows = seqs = per_proc * self.group  # rows every process trains on per step (padded)
-        self.algorithm = algorithm
-        mini = _divide(seqs, cfg.mini_batches, "sequences per process", "trainer.mini_batches")
-        self.micro = min(cfg.micro_batch_size, mini)
-        self.pairwise = bool(algo_cls.pairwise)
-        if self.pairwise and (self.micro % 2 or mini % 2):
-            raise ConfigError(
-                f"{algorithm} trains on (chosen, rejected) pairs: the micro-batch size ({self.micro}) "
-                "and sequences per mini-batch must be even",
-                key="trainer.micro_batch_size",
-            )
-        accum = _divide(mini, self.micro, "sequences per mini-batch", "trainer.micro_batch_size")
+        self.req = req = algo_cls.requires(algo_cfg, exp.env)
+        self.rows, self.micro, accum = batch_shape(cfg, req, algorithm, distributed_state().num_processes)
         self.engine = eng = Engine(
             grad_accum=accum,
             micro_batch_size=self.micro,
@@ -101,60 +108,13 @@ class Trainer:
             mixed_precision=cfg.mixed_precision,
             seed=seed,
         )
-
-        self.values = bool(algo_cls.value_head)
         policy, self.tokenizer = load_policy(
-            str(model_path),
-            exp.model.dtype,
-            exp.model.lora,
-            self.values,
-            getattr(algo_cfg, "detach_value_trunk", False),
+            str(model_path), exp.model.dtype, exp.model.lora, req.value_head, req.detach_value_trunk
         )
-        opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
-        groups = algo_cls.param_groups(algo_cfg, policy, cfg.lr)
-        optimizer = opt_cls(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        from transformers import get_scheduler
-
-        updates = cfg.steps * cfg.epochs * cfg.mini_batches
-        # "constant" with warm-up steps means a linear warm-up, then constant
-        name = "constant_with_warmup" if cfg.schedule == "constant" and cfg.warmup_steps else cfg.schedule
-        scheduler = get_scheduler(
-            name,
-            optimizer,
-            num_warmup_steps=cfg.warmup_steps * cfg.epochs * cfg.mini_batches,
-            num_training_steps=updates,
-        )
+        optimizer, scheduler = make_optimizer(cfg, algo_cls.param_groups(algo_cfg, policy, cfg.lr))
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
-
-        env = runtime.env()
-        self.temperature = exp.rollout.temperature if online else 1.0
-        generator = None
-        if online:
-            gen_cls = GENERATORS.get(exp.rollout.backend)
-            generator = gen_cls(
-                self.policy,
-                self.tokenizer,
-                env.tags.stop_strings,
-                batch_size=exp.rollout.batch_size,
-                model_context=lambda: eng.for_generation(self.policy),
-                **exp.rollout.backend_args,
-            )
-        from searchrl.rewards.pipeline import RewardPipeline
-
-        self.ctx = Context(
-            env=env,
-            generator=generator,
-            tokenizer=self.tokenizer,
-            rewards=RewardPipeline(exp.rewards, {"docs": lambda: {d.id: d for d in runtime.corpus}})
-            if online
-            else None,
-            sampling=SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens),
-            group_size=self.group,
-            max_total_tokens=exp.rollout.max_total_tokens,
-            train_examples=runtime.examples("train") if online else [],
-            records=records,
-            sum_all=eng.sum,
-        )
+        self.temperature = exp.rollout.temperature if req.online else 1.0
+        self.ctx = self._context(records)
         self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
         if self.algo.softmax_negatives and not cfg.lean_logprobs:
             raise ConfigError(
@@ -163,17 +123,13 @@ class Trainer:
                 value=False,
                 choices=["true"],
             )
-        kl = self.algo.kl_coef > 0
-        self.reference = Reference(self.policy, eng, str(model_path), exp.model.dtype) if kl else None
+        self.reference = (
+            Reference(self.policy, eng, str(model_path), exp.model.dtype) if req.reference else None
+        )
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
-        self.start_step = 0
+        self.start_step = self._resume() if resume else 0
         self._service_totals: dict[str, float] = {}
-        if resume and (latest := self.ckpt.latest()) is not None:
-            state = self.ckpt.load(latest)
-            self.start_step = int(state["step"])
-            self.algo.load_state_dict(state.get("algorithm", {}))
-            eng.print(f"resumed from {latest} at step {self.start_step}")
         self.sink = MetricsSink(
             out_dir,
             cfg.steps,
@@ -183,6 +139,46 @@ class Trainer:
             wandb_project=cfg.wandb_project,
             desc=algorithm,
         )
+
+    def _context(self, records: list[dict[str, Any]] | None) -> Context:
+        """The environment, and for online algorithms a generator on the policy and the reward pipeline."""
+        exp, rt, eng, online = self.rt.exp, self.rt, self.engine, self.req.online
+        env = rt.env()
+        generator = None
+        rewards = None
+        if online:
+            from searchrl.rewards.pipeline import RewardPipeline
+
+            generator = GENERATORS.get(exp.rollout.backend)(
+                self.policy,
+                self.tokenizer,
+                env.tags.stop_strings,
+                batch_size=exp.rollout.batch_size,
+                model_context=lambda: eng.for_generation(self.policy),
+                **exp.rollout.backend_args,
+            )
+            rewards = RewardPipeline(exp.rewards, {"docs": lambda: {d.id: d for d in rt.corpus}})
+        return Context(
+            env=env,
+            generator=generator,
+            tokenizer=self.tokenizer,
+            rewards=rewards,
+            sampling=SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens),
+            max_total_tokens=exp.rollout.max_total_tokens,
+            train_examples=rt.examples("train") if online else [],
+            records=records,
+            sum_all=eng.sum,
+        )
+
+    def _resume(self) -> int:
+        """The step of the latest checkpoint, restored (0 when there is none)."""
+        latest = self.ckpt.latest()
+        if latest is None:
+            return 0
+        state = self.ckpt.load(latest)
+        self.algo.load_state_dict(state.get("algorithm", {}))
+        self.engine.print(f"resumed from {latest} at step {int(state['step'])}")
+        return int(state["step"])
 
     # --------------------------------------------------------------------------------------- passes
     def _logprobs(
@@ -232,7 +228,7 @@ class Trainer:
     def _length_order(self, batch: RolloutBatch) -> list[int]:
         """Rows by length (less padding per micro-batch); pairs stay adjacent, by their longer row."""
         lengths = batch.attention_mask.sum(-1)
-        if not self.pairwise:
+        if self.req.rows != "pairs":
             return lengths.argsort(stable=True).tolist()
         pair_len = torch.maximum(lengths[0::2], lengths[1::2])
         return [r for p in pair_len.argsort(stable=True).tolist() for r in (2 * p, 2 * p + 1)]
@@ -252,7 +248,7 @@ class Trainer:
             mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
             with eng.accumulate(self.policy):
                 logp, ent, values = self._logprobs(
-                    self.policy, mb, self.cfg.log_entropy, self.values, algo.softmax_negatives
+                    self.policy, mb, self.cfg.log_entropy, self.req.value_head, algo.softmax_negatives
                 )
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
@@ -271,7 +267,7 @@ class Trainer:
                 self.scheduler.step()
                 self.optimizer.zero_grad()
             # metrics: global token means; pair metrics (one value per row) are means over the pairs
-            mean_w = w if self.pairwise else mb.loss_mask / max(g_tokens, 1.0)
+            mean_w = w if self.req.rows == "pairs" else mb.loss_mask / max(g_tokens, 1.0)
             sums["train/loss"] += float(loss.detach()) / (self.cfg.epochs * self.cfg.mini_batches)
             for k, v in metrics.items():
                 sums[f"train/{k}"] += float((v.detach() * mean_w).sum()) / (
@@ -294,9 +290,11 @@ class Trainer:
         t_collect = time.perf_counter() - t0
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
         local: dict[str, float] = {**collect_metrics}
-        if algo.needs_old_logprobs:
+        if self.req.old_logprobs:
             with eng.phase("old log-probs", step):
-                batch.extras["old_logp"], old_values = self._no_grad_pass(self.policy, batch, self.values)
+                batch.extras["old_logp"], old_values = self._no_grad_pass(
+                    self.policy, batch, self.req.value_head
+                )
             if old_values is not None:
                 batch.extras["old_values"] = old_values
             # the sampler's log-probs against the trainer's recompute: stale or mismatched weights show here
@@ -316,7 +314,7 @@ class Trainer:
         with eng.phase("update", step):
             for _ in range(cfg.epochs):
                 order = torch.randperm(n, generator=gen) if cfg.mini_batches > 1 else torch.arange(n)
-                if self.pairwise and cfg.mini_batches > 1:  # shuffle pairs, not rows
+                if self.req.rows == "pairs" and cfg.mini_batches > 1:  # shuffle pairs, not rows
                     pairs = torch.randperm(n // 2, generator=gen)
                     order = torch.stack([2 * pairs, 2 * pairs + 1], 1).flatten()
                 for chunk in order.chunk(cfg.mini_batches):
@@ -366,7 +364,7 @@ class Trainer:
         if len(trajs) > self.rows:
             raise RuntimeError(
                 f"algorithm '{self.algorithm}' returned {len(trajs)} training rows for a step, more "
-                f"than the {self.rows} it declared (samples_per_item x questions per process)"
+                f"than the {self.rows} it declared (requirements.samples_per_item x items per process)"
             )
         pad = self.tokenizer.pad_token_id
         base = -1 - self.engine.rank * self.rows
@@ -428,6 +426,37 @@ def _debug_stall(eng: Engine, step: int, phase: str) -> None:
         eng.sum(1.0)
     else:
         time.sleep(float(action))
+
+
+def batch_shape(cfg: TrainerConfig, req: Requirements, algorithm: str, world: int) -> tuple[int, int, int]:
+    """(rows, micro-batch size, gradient-accumulation steps) of one process: ``trainer.batch_size`` items
+    shared over ``world`` processes, ``req.samples_per_item`` rows each, in ``trainer.mini_batches``."""
+    per_proc = _divide(cfg.batch_size, world, "trainer.batch_size", "the number of processes")
+    rows = per_proc * req.samples_per_item  # rows every process trains on per step (padded)
+    mini = _divide(rows, cfg.mini_batches, "sequences per process", "trainer.mini_batches")
+    micro = min(cfg.micro_batch_size, mini)
+    if req.rows == "pairs" and (micro % 2 or mini % 2):
+        raise ConfigError(
+            f"{algorithm} trains on (chosen, rejected) pairs: the micro-batch size ({micro}) "
+            "and sequences per mini-batch must be even",
+            key="trainer.micro_batch_size",
+        )
+    return rows, micro, _divide(mini, micro, "sequences per mini-batch", "trainer.micro_batch_size")
+
+
+def make_optimizer(cfg: TrainerConfig, groups: list[dict[str, Any]]) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer over ``groups`` and its learning-rate schedule (per update: steps × epochs × mini-batches)."""
+    from transformers import get_scheduler
+
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
+    optimizer = opt_cls(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    per_step = cfg.epochs * cfg.mini_batches
+    # "constant" with warm-up steps means a linear warm-up, then constant
+    name = "constant_with_warmup" if cfg.schedule == "constant" and cfg.warmup_steps else cfg.schedule
+    scheduler = get_scheduler(
+        name, optimizer, num_warmup_steps=cfg.warmup_steps * per_step, num_training_steps=cfg.steps * per_step
+    )
+    return optimizer, scheduler
 
 
 def _divide(a: int, b: int, what_a: str, what_b: str) -> int:
