@@ -2,6 +2,7 @@
 
 import json
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 from searchrl.rollout.generator import Generation
 from searchrl.rollout.loop import encode
@@ -45,3 +46,13 @@ class JSONHandler(BaseHTTPRequestHandler):
 
     def read_json(self):
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
+
+
+def eval_teacher(out: Path, *overrides: str) -> None:
+    """`searchrl eval experiments/quickstart.yaml --agent teacher` into ``out``, with ``overrides``."""
+    from searchrl.cli import main
+
+    main(["eval", str(QUICKSTART), "--agent", "teacher", f"output_dir={out}", *overrides])

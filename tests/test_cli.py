@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.cli import main
+from tests.helpers import eval_teacher
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = [
@@ -53,18 +54,7 @@ def test_validate(tmp_path, capsys):
 
 def test_eval_teacher_writes_results_and_resolved_config(tmp_path, capsys):
     out = tmp_path / "run"
-    main(
-        [
-            "eval",
-            str(REPO / "experiments" / "quickstart.yaml"),
-            "--agent",
-            "teacher",
-            f"output_dir={out}",
-            "teacher.noisy=false",
-            "env.topk=3",
-            *SMALL,
-        ]
-    )
+    eval_teacher(out, "teacher.noisy=false", "env.topk=3", *SMALL)
     printed = capsys.readouterr().out
     assert "| eval-teacher-test | 60 | 1.000 |" in printed
     metrics = json.loads((out / "eval-teacher-test.json").read_text())
@@ -156,6 +146,10 @@ def test_eval_on_dataset_files_gives_one_row_each(tmp_path, capsys, fixtures, ti
     assert "| eval-policy-rag-musique |" in printed and "| eval-policy-rag-hotpotqa |" in printed
     m = json.loads((out / "eval-policy-rag-musique.json").read_text())
     assert m["n"] > 0 and m["tokens_per_question"] > 0 and "searches_per_question" in m
+    assert (out / "eval-policy-rag-musique.predictions.jsonl").exists()
+    hotpot = json.loads((out / "eval-policy-rag-hotpotqa.hotpot.json").read_text())  # the official format
+    assert set(hotpot) == {"answer", "sp"} and set(hotpot["answer"]) == {"hp1", "hp2"}
+    assert not (out / "eval-policy-rag-musique.hotpot.json").exists()
     with pytest.raises(SystemExit):
         main(["eval", str(REPO / "experiments" / "quickstart.yaml"), "--data", "nopath"])
 

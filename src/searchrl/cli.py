@@ -198,7 +198,9 @@ def cmd_report(args: argparse.Namespace) -> None:
     from searchrl.report import report
 
     page = report(args.dirs, args.out)
-    print(f"report: {page} (and report.md, PNGs beside it)")
+    md = (page.parent / "report.md").read_text()
+    print(md.split("![")[0].rstrip())  # the tables: means, intervals, paired tests
+    print(f"\nreport: {page} (and report.md, PNGs beside it)")
 
 
 def cmd_teacher(args: argparse.Namespace) -> None:
@@ -262,7 +264,7 @@ def _evaluate(args: argparse.Namespace, overrides: list[str], dataset: str) -> d
     metrics["seconds"] = time.perf_counter() - t
     design = "" if exp.env.agent == "react" else f"-{exp.env.agent}"
     name = f"eval-{exp.eval.agent}{design}-{label}"
-    js, _ = write_results(exp.out, name, metrics)
+    js, _ = write_results(exp.out, name, metrics, states)
     save_resolved(exp, exp.out, f"{name}.config.yaml")  # the run's own config.yaml is never rewritten
     print(json.dumps({k: metrics[k] for k in ("em_by_hops", "finish_reasons")}))
     print(f"results written to {js}")

@@ -187,6 +187,32 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class GuardConfig:
+    """One collapse monitor: the mean of ``metric`` over the last ``window`` steps must stay in [min, max]."""
+
+    # a monitor (entropy, kl, length, reward, grad_norm, loss) or any metrics.jsonl key, e.g. train/clip_frac
+    metric: str
+    min: float | None = None
+    max: float | None = None
+    window: int = 3
+    after: int = 0  # steps before the monitor is armed (a warm-up)
+
+    def __post_init__(self) -> None:
+        if self.min is None and self.max is None:
+            raise ValueError(f"guard on '{self.metric}' needs a bound: min, max or both")
+
+
+@dataclass(frozen=True)
+class GuardsConfig:
+    """Collapse guards (`engine.guards`). Non-finite losses and gradients always stop or roll back."""
+
+    monitors: tuple[GuardConfig, ...] = ()
+    on_trip: Literal["stop", "rollback"] = "stop"
+    lr_scale: float = 0.5  # rollback: the learning rate is multiplied by this at every trip
+    max_rollbacks: int = 2  # rollback: trips beyond this many stop the run
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     steps: int = 100  # optimizer steps per epoch × mini_batch == rollout batches
     batch_size: int = 16  # questions (online) or records (SFT) per step, across all processes
@@ -211,6 +237,7 @@ class TrainerConfig:
     tensorboard: bool = False
     wandb_project: str | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
 
 
 @dataclass(frozen=True)
@@ -310,6 +337,8 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "eval_limit": _AT_LEAST_1,
     },
     "WarmStartConfig": {"teacher_passes": _AT_LEAST_1},
+    "GuardConfig": {"window": _AT_LEAST_1, "after": _AT_LEAST_0},
+    "GuardsConfig": {"lr_scale": (lambda v: 0 < v <= 1, "in (0, 1]"), "max_rollbacks": _AT_LEAST_0},
     "EvalConfig": {"limit": _AT_LEAST_1, "temperature": _AT_LEAST_0, "best_of_temperature": _AT_LEAST_0},
     "ProcessDataConfig": {"n": _AT_LEAST_1, "limit": _AT_LEAST_1, "temperature": _AT_LEAST_0},
     "DistributedConfig": {"timeout": _POSITIVE},

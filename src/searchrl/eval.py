@@ -120,13 +120,61 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_results(out_dir: str | Path, name: str, metrics: dict[str, Any]) -> tuple[Path, Path]:
+def prediction(state: EnvState) -> dict[str, Any]:
+    """One question's evaluation record: the answer and its scores, the search behaviour, the transcript."""
+    ex = state.example
+    gold = set(ex.gold_doc_ids)
+    searches = state.searches()
+    retrieved = [list(ids) for _, ids in searches]
+    return {
+        "id": ex.id,
+        "question": ex.question,
+        "answers": list(ex.answers),
+        "prediction": state.answer,
+        **answer_scores(state.answer, ex.answers),
+        "searches": len(searches),
+        "queries": [q for q, _ in searches],
+        "invalid_actions": sum(not i.valid for i in state.infos),
+        "finish_reason": state.finish_reason,
+        "generated_tokens": state.generated_tokens,
+        "retrieved": retrieved,  # document ids per search step
+        # gold documents retrieved at some step (None: the data names none)
+        "gold_hits": sorted(gold & {d for ids in retrieved for d in ids}) if gold else None,
+        "gold_doc_ids": list(ex.gold_doc_ids),
+        "transcript": state.text(),
+    }
+
+
+def hotpot_predictions(states: Sequence[EnvState]) -> dict[str, Any]:
+    """The official HotpotQA prediction file (`hotpot_evaluate_v1.py`): answers by id, no supporting facts."""
+    return {"answer": {s.example.id: s.answer or "" for s in states}, "sp": {}}
+
+
+def write_results(
+    out_dir: str | Path, name: str, metrics: dict[str, Any], states: Sequence[EnvState] | None = None
+) -> tuple[Path, Path]:
+    """``NAME.json`` and ``NAME.md`` (the aggregates); with ``states``, ``NAME.predictions.jsonl`` (one
+    record per question, `prediction`) and, for HotpotQA questions, ``NAME.hotpot.json`` for the official
+    evaluation script."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     js, md = out / f"{name}.json", out / f"{name}.md"
     js.write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     md.write_text(markdown_table({name: metrics}) + "\n", encoding="utf-8")
+    if states is not None:
+        with open(out / f"{name}.predictions.jsonl", "w", encoding="utf-8") as f:
+            for s in states:
+                f.write(json.dumps(prediction(s), ensure_ascii=False) + "\n")
+        if states and all(s.example.metadata.get("format") == "hotpotqa" for s in states):
+            (out / f"{name}.hotpot.json").write_text(json.dumps(hotpot_predictions(states)), encoding="utf-8")
     return js, md
+
+
+def read_predictions(path: str | Path) -> list[dict[str, Any]]:
+    """The records `write_results` wrote to a ``*.predictions.jsonl`` file."""
+    from searchrl.data.example import read_jsonl
+
+    return list(read_jsonl(path))
 
 
 def run_policy(

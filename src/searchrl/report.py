@@ -2,8 +2,12 @@
 
 Runs are found under the given directories (any directory with ``metrics.jsonl``) and grouped into
 variants by name, with a trailing ``-seed<N>`` removed. The table gives mean ± std over seeds of the final
-evaluation (``results.json``: every stage but the untrained model) per variant; the plots give training curves against steps
-and against generated tokens, one line per variant (mean over seeds) with a min-max band.
+evaluation (``results.json``: every stage but the untrained model) per variant, and a 95% bootstrap
+interval of EM over questions and seeds from the per-question predictions (`searchrl.stats`). The
+comparisons pair two arms (variant, stage) on the same questions and seeds: the stages of one variant
+against its warm start, and each stage across variants, with a paired-bootstrap p-value; differences
+with p < 0.05 are marked. The plots give training curves and held-out EM (``trainer.eval_every``) against
+steps and against generated tokens, one line per variant (mean over seeds) with a min-max band.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ CURVES = {
     "train/kl": "KL to the reference",
     "train/entropy": "entropy",
     "train/clip_frac": "clip fraction",
+    "eval/em": "held-out EM (trainer.eval_every, greedy)",
 }
+ALPHA = 0.05
 TABLE = ("em", "f1", "sub_em", "searches_per_question", "invalid_action_rate", "gold_doc_recall")
 
 
@@ -44,6 +50,76 @@ def variant_of(run: str) -> str:
     return re.sub(r"-seed\d+$", "", run)
 
 
+def seed_of(run: Path) -> int:
+    """The run's seed: from its name (``-seed<N>``), else its resolved config, else 0."""
+    m = re.search(r"-seed(\d+)$", run.name)
+    if m:
+        return int(m.group(1))
+    cfg = run / "config.yaml"
+    if cfg.exists():
+        import yaml
+
+        return int((yaml.safe_load(cfg.read_text()) or {}).get("seed", 0))
+    return 0
+
+
+def question_scores(run: Path, stage: str, key: str = "em") -> dict[str, float] | None:
+    """{question id: score} of one evaluated stage, from its predictions file (None when it has none)."""
+    from searchrl.eval import read_predictions
+
+    rel = final_evals(run).get(stage, {}).get("predictions")
+    if not rel or not (run / rel).exists():
+        return None
+    return {str(p["id"]): float(p[key]) for p in read_predictions(run / rel)}
+
+
+def arms(
+    groups: dict[str, list[Path]], key: str = "em"
+) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+    """{(variant, stage): {seed: {question id: score}}} for every stage with per-question predictions."""
+    out: dict[tuple[str, str], dict[int, dict[str, float]]] = defaultdict(dict)
+    for var, runs in groups.items():
+        for r in runs:
+            for stage in final_evals(r):
+                scores = question_scores(r, stage, key)
+                if scores:
+                    out[(var, stage)][seed_of(r)] = scores
+    return dict(out)
+
+
+def interval(per_seed: dict[int, dict[str, float]]) -> Any:
+    """A bootstrap interval over the seeds and the questions all of them answered."""
+    from searchrl.stats import align, bootstrap_ci
+
+    matrix, _ = align(per_seed, per_seed)
+    return bootstrap_ci(matrix) if matrix and matrix[0] else None
+
+
+def comparisons(groups: dict[str, list[Path]], key: str = "em") -> str:
+    """Paired bootstrap between arms on the same (seed, question) pairs: each stage of a variant against
+    its warm start (``sft``), and each stage across every two variants."""
+    from searchrl.stats import align, paired_bootstrap
+
+    data = arms(groups, key)
+    pairs = [(a, b) for a in data for b in data if a[0] == b[0] and b[1] == "sft" and a[1] != "sft"]
+    pairs += [(a, b) for a in data for b in data if a[1] == b[1] and a[0] < b[0]]
+    lines = [
+        f"| a | b | seeds | questions | {key} a − b [95% CI] | p | significant (p < {ALPHA}) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a, b in pairs:
+        ma, mb = align(data[a], data[b])
+        if not ma or not ma[0]:
+            continue
+        t = paired_bootstrap(ma, mb)
+        mark = "**yes**" if t.significant(ALPHA) else "no"
+        lines.append(
+            f"| {a[0]} / {a[1]} | {b[0]} / {b[1]} | {len(ma)} | {len(ma[0])} | {t.difference} "
+            f"| {t.p_value:.4f} | {mark} |"
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def load_rows(run: Path) -> list[dict[str, Any]]:
     from searchrl.engine.metrics import read_metrics
 
@@ -53,7 +129,7 @@ def load_rows(run: Path) -> list[dict[str, Any]]:
         tokens += r.get("rollout/tokens_generated", 0.0)
         r["generated_tokens"] = tokens
         eps = r.get("train/sequences", 0.0)
-        if "rollout/tokens_generated" in r and eps:
+        if "rollout/tokens_generated" in r and eps and "rollout/response_tokens" not in r:
             r["rollout/response_tokens"] = r["rollout/tokens_generated"] / eps
     return rows
 
@@ -68,9 +144,10 @@ def final_evals(run: Path) -> dict[str, dict[str, Any]]:
 
 def table(groups: dict[str, list[Path]]) -> str:
     lines = [
-        "| variant | stage | seeds | " + " | ".join(TABLE) + " |",
-        "|---|---|---" + "|---" * len(TABLE) + "|",
+        "| variant | stage | seeds | " + " | ".join(TABLE) + " | em 95% CI (questions x seeds) |",
+        "|---|---|---" + "|---" * (len(TABLE) + 1) + "|",
     ]
+    per_question = arms(groups)
     rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for var, runs in groups.items():
         for r in runs:
@@ -85,6 +162,8 @@ def table(groups: dict[str, list[Path]]) -> str:
                 continue
             sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
             cells.append(f"{statistics.mean(vals):.3f} ± {sd:.3f}")
+        ci = interval(per_question[(var, stage)]) if (var, stage) in per_question else None
+        cells.append(str(ci) if ci is not None else "–")
         lines.append(f"| {var} | {stage} | {len(evals)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -170,9 +249,18 @@ def report(paths: list[str | Path], out: str | Path) -> Path:
     for name, path in runs.items():
         groups[variant_of(name)].append(path)
     md = table(groups)
+    paired = comparisons(groups)
     pngs = plot(groups, out)
-    (out / "report.md").write_text(md + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+    text = md + "\n\n"
+    if paired:
+        text += f"Paired bootstrap (same questions, same seeds; {ALPHA} two-sided):\n\n{paired}\n\n"
+    (out / "report.md").write_text(text + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     rows = html_table(md)
+    paired_html = (
+        f"<h2>Paired comparisons (bootstrap over questions and seeds)</h2><table>{html_table(paired)}</table>"
+        if paired
+        else ""
+    )
     imgs = "".join(
         f'<figure><img src="{p.name}" alt="{p.stem}"><figcaption>{html.escape(p.stem)}</figcaption></figure>\n'
         for p in pngs
@@ -183,6 +271,7 @@ def report(paths: list[str | Path], out: str | Path) -> Path:
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
 padding:4px 8px;text-align:right}}img{{max-width:100%}}figure{{margin:1em 0}}</style></head><body>
 <h1>searchrl report</h1><p>{len(runs)} runs in {len(groups)} variants: {html.escape(", ".join(sorted(groups)))}</p>
-<h2>Final evaluation (mean ± std over seeds)</h2><table>{rows}</table><h2>Training curves</h2>{imgs}</body></html>
+<h2>Final evaluation (mean ± std over seeds)</h2><table>{rows}</table>{paired_html}
+<h2>Training curves</h2>{imgs}</body></html>
 """)
     return out / "index.html"

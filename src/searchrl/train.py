@@ -102,9 +102,11 @@ def evaluate_final(rt: Runtime, model_dir: Path, name: str, state: Any) -> dict[
         e.rollout.max_new_tokens,
         e.rollout.max_total_tokens,
     )
-    m = episode_metrics(_gathered(states, state))
+    everyone = _gathered(states, state)
+    m = episode_metrics(everyone)
+    m["predictions"] = f"eval/{name}.predictions.jsonl"  # per question, relative to the run directory
     if state.is_main_process:
-        write_results(e.out / "eval", name, m)
+        write_results(e.out / "eval", name, m, everyone)
     return m
 
 
@@ -133,9 +135,12 @@ def evaluate_best_of_n(
         e.rollout.max_total_tokens,
         e.rollout.batch_size,
     )
-    m = episode_metrics(_gathered(states, state) if state is not None else states)
+    everyone = _gathered(states, state) if state is not None else states
+    m = episode_metrics(everyone)
+    name = f"prm-best-of-{n}-{e.eval.split}"
+    m["predictions"] = f"eval/{name}.predictions.jsonl"
     if state is None or state.is_main_process:
-        write_results(e.out / "eval", f"prm-best-of-{n}-{e.eval.split}", m)
+        write_results(e.out / "eval", name, m, everyone)
     return m
 
 

@@ -129,7 +129,12 @@ def load_hotpotqa(path: Path, corpus: list[Doc] | None = None) -> list[Example]:
                 question=row["question"],
                 answers=(row["answer"],),
                 gold_doc_ids=tuple(titles[t] for t in gold_titles if t in titles),
-                metadata={"type": row.get("type"), "level": row.get("level"), "gold_titles": gold_titles},
+                metadata={
+                    "format": "hotpotqa",  # evaluation also writes the official prediction file
+                    "type": row.get("type"),
+                    "level": row.get("level"),
+                    "gold_titles": gold_titles,
+                },
             )
         )
     return out

@@ -72,13 +72,31 @@ class Checkpointer:
         named = self.dir / pointer.read_text().strip() if pointer.exists() else None
         if named is not None and is_valid_checkpoint(named):
             return named
-        done = sorted((p for p in self.dir.glob("step-*") if not p.name.endswith(".tmp")), reverse=True)
+        done = self._done()[::-1]
         for path in done:
             if is_valid_checkpoint(path):
                 what = f"{named.name} is incomplete" if named is not None else "no 'latest' pointer"
                 self.engine.print(f"checkpoint {what}; resuming from the newest valid one, {path}")
                 return path
         return None
+
+    def _done(self) -> list[Path]:
+        return sorted(p for p in self.dir.glob("step-*") if not p.name.endswith(".tmp"))
+
+    def latest_before(self, step: int) -> Path | None:
+        """The newest valid checkpoint at or before ``step``."""
+        good = [p for p in self._done() if int(p.name.split("-")[1]) <= step and is_valid_checkpoint(p)]
+        return good[-1] if good else None
+
+    def discard_after(self, path: Path) -> None:
+        """Delete the checkpoints newer than ``path`` and point ``latest`` at it (a rollback: a resume must
+        not start from the discarded steps)."""
+        if self.engine.is_main:
+            for p in self._done():
+                if p.name > path.name:
+                    shutil.rmtree(p, ignore_errors=True)
+            _atomic_write(self.dir / "latest", path.name)
+        self.engine.wait()
 
     def save(self, step: int, trainer_state: dict[str, Any]) -> Path:
         eng = self.engine
@@ -133,7 +151,7 @@ class Checkpointer:
         return json.loads((path / "trainer.json").read_text())
 
     def _prune(self) -> None:
-        done = sorted(p for p in self.dir.glob("step-*") if not p.name.endswith(".tmp"))
+        done = self._done()
         for old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
 

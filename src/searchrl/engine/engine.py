@@ -275,6 +275,17 @@ class Engine:
         return float(self.accelerator.clip_grad_norm_(params, max_norm))
 
     # ----------------------------------------------------------------------------- communication
+    @staticmethod
+    def scale_lr(optimizer: Any, scheduler: Any, factor: float) -> None:
+        """Multiply the learning rate by ``factor`` from now on: every parameter group's rate and the
+        base rates the schedule is computed from (a prepared scheduler wraps the torch one)."""
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+            if "initial_lr" in group:
+                group["initial_lr"] *= factor
+        inner = getattr(scheduler, "scheduler", scheduler)
+        inner.base_lrs = [lr * factor for lr in inner.base_lrs]
+
     def sum(self, value: float | torch.Tensor) -> float:
         t = torch.as_tensor(value, dtype=torch.float64, device=self.device).reshape(1)
         return (

@@ -44,11 +44,25 @@ class MetricsSink:
 
             self._wandb = wandb.init(project=wandb_project, dir=str(out_dir), config=config, resume="allow")
 
-    def _truncate_after(self, step: int) -> None:
+    def _truncate_after(self, step: int) -> list[dict[str, Any]]:
+        """Drop the records past ``step``; returns them."""
         if not self.path.exists():
-            return
-        keep = [json.dumps(r, sort_keys=True) for r in read_metrics(self.path) if r["step"] <= step]
+            return []
+        rows = read_metrics(self.path)
+        keep = [json.dumps(r, sort_keys=True) for r in rows if r["step"] <= step]
         self.path.write_text("".join(ln + "\n" for ln in keep))
+        return [r for r in rows if r["step"] > step]
+
+    def rewind(self, step: int) -> list[dict[str, Any]]:
+        """Training continues from ``step`` (a rollback): later records leave the file (returned) and the
+        progress bar goes back."""
+        if not self.enabled:
+            return []
+        dropped = self._truncate_after(step)
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.refresh()
+        return dropped
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:

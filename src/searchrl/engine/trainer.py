@@ -9,6 +9,7 @@ RNG states, so a resumed run repeats an uninterrupted one.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -26,6 +27,7 @@ from searchrl.algorithms.base import Algorithm, Context, Requirements
 from searchrl.config import ConfigError, TrainerConfig, from_dict
 from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
+from searchrl.engine.guards import Guards, GuardTrip, Trip
 from searchrl.engine.metrics import MetricsSink
 from searchrl.functional import token_entropy, token_logprobs, token_weights
 from searchrl.masking import build_batch
@@ -130,6 +132,11 @@ class Trainer:
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = self._resume() if resume else 0
         self._service_totals: dict[str, float] = {}
+        # collapse-guard trips of this run (kept over resumes in guards.json)
+        log = out_dir / "guards.json"
+        self._trip_log: list[dict[str, Any]] = (
+            json.loads(log.read_text())["trips"] if resume and log.exists() else []
+        )
         self.sink = MetricsSink(
             out_dir,
             cfg.steps,
@@ -379,12 +386,19 @@ class Trainer:
 
     def run(self, evaluate: Any = None) -> Path:
         """Train to ``cfg.steps``; ``evaluate(model_dir_or_policy, step) -> metrics`` is called every
-        ``eval_every`` steps. Returns the exported final model directory."""
+        ``eval_every`` steps. The collapse guards (``trainer.guards``) are checked on every step's metrics;
+        a trip stops the run or rolls it back (`_on_trip`). Returns the exported final model directory."""
         cfg, eng = self.cfg, self.engine
+        guards = Guards(cfg.guards.monitors)
+        step = self.start_step
         try:
-            for step in range(self.start_step, cfg.steps):
-                metrics = self.step(step)
+            while step < cfg.steps:
                 done = step + 1
+                try:
+                    metrics = self.step(step)
+                except NonFiniteError as exc:
+                    step = self._on_trip(Trip(done, "non-finite", str(exc), math.nan, "finite", 1), guards)
+                    continue
                 if (
                     evaluate is not None
                     and cfg.eval_every
@@ -393,22 +407,68 @@ class Trainer:
                 ):
                     with eng.phase("evaluation", step):
                         metrics.update(evaluate(self, done))
+                trip = guards.check(done, metrics)
+                if guards.monitors or self._trip_log:
+                    metrics["guard/trips"] = float(len(self._trip_log) + (trip is not None))
                 self.sink.log(done, metrics)
+                if trip is not None:
+                    step = self._on_trip(trip, guards)
+                    continue
                 if done % cfg.save_every == 0 or done == cfg.steps:
                     with eng.phase("checkpoint", step):
                         self.ckpt.save(done, {"metrics": metrics, "algorithm": self.algo.state_dict()})
-        except NonFiniteError as exc:
-            latest = self.ckpt.latest()
-            raise NonFiniteError(
-                f"training stopped at step {step + 1}: {exc}. Nothing was saved for this step; the last good "
-                f"checkpoint is {latest or '(none yet)'}. Lower trainer.lr or check the rewards."
-            ) from None
+                step = done
         finally:
             self.sink.close()
             for line in failure_summary():
                 eng.print(line)
+            if self._trip_log:
+                eng.print(f"collapse guards: {len(self._trip_log)} trip(s), see {self.out / 'guards.json'}")
         with eng.phase("final export"):
             return self.ckpt.export_final(self.out / "final")
+
+    def _on_trip(self, trip: Trip, guards: Guards) -> int:
+        """A guard tripped (or a value went non-finite) at ``trip.step``: record it, then stop with a message
+        naming the monitor and the last good checkpoint, or (``on_trip: rollback``) restore that checkpoint,
+        scale the learning rate by ``lr_scale`` and return the step to continue from. The last good
+        checkpoint is the newest one saved before the window of bad values began: step t's metrics come
+        from the policy of checkpoint t − 1, so a window over steps T−W+1…T condemns checkpoints T−W on."""
+        g, eng = self.cfg.guards, self.engine
+        good = self.ckpt.latest_before(trip.step - trip.window - 1)
+        rollbacks = sum(t.get("action") == "rollback" for t in self._trip_log)
+        rollback = g.on_trip == "rollback" and good is not None and rollbacks < g.max_rollbacks
+        entry = {**trip.record(), "action": "rollback" if rollback else "stop", "checkpoint": str(good)}
+        if rollback:
+            assert good is not None
+            state = self.ckpt.load(good)
+            self.algo.load_state_dict(state.get("algorithm", {}))
+            eng.scale_lr(self.optimizer, self.scheduler, g.lr_scale)
+            self.ckpt.discard_after(good)
+            entry["discarded_metrics"] = self.sink.rewind(int(state["step"]))
+            entry["lr_scale"] = g.lr_scale ** (rollbacks + 1)
+        self._trip_log.append(entry)
+        if eng.is_main:
+            (self.out / "guards.json").write_text(json.dumps({"trips": self._trip_log}, indent=1) + "\n")
+        if rollback:
+            guards.reset()
+            eng.print(
+                f"{trip.describe()}; rolled back to {good} (step {state['step']}), learning rate x{entry['lr_scale']:g}"
+            )
+            return int(state["step"])
+        why = (
+            ""
+            if g.on_trip == "stop"
+            else f" (no checkpoint before step {trip.step - trip.window} to roll back to)"
+            if good is None
+            else f" (trainer.guards.max_rollbacks = {g.max_rollbacks} reached)"
+        )
+        where = f"the last good checkpoint is {good or '(none yet)'}"
+        if trip.bound == "finite":
+            raise NonFiniteError(
+                f"training stopped at step {trip.step}: {trip.metric}{why}. Nothing was saved for this step; "
+                f"{where}. Lower trainer.lr or check the rewards."
+            ) from None
+        raise GuardTrip(f"training stopped by a collapse guard at {trip.describe()}{why}; {where}.")
 
 
 def _debug_stall(eng: Engine, step: int, phase: str) -> None:

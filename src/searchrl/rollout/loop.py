@@ -43,6 +43,7 @@ class RolloutStats:
         reasons = dict.fromkeys(FINISH_REASONS, 0) | dict(self.finish_reasons)
         return {
             "rollout/tokens_generated": Sum(self.tokens_generated),
+            "rollout/response_tokens": Mean(self.tokens_generated, self.episodes),  # per episode
             "rollout/tokens_per_second": Sum(self.tokens_generated / max(self.seconds, 1e-9)),
             "rollout/searches_per_episode": Mean(self.searches, self.episodes),
             "rollout/invalid_action_rate": Mean(self.invalid_actions, self.actions),

@@ -1,0 +1,92 @@
+"""Collapse guards: monitors on the step metrics that stop a run, or roll it back to its last good
+checkpoint with a smaller learning rate, when training degenerates.
+
+The failure peer search-agent projects report most is GRPO collapse: the policy's entropy or its response
+length falls to nothing, the KL to the reference explodes, the reward crashes. A guard watches one metric's
+mean over a window of steps (``trainer.guards.monitors``); the metrics are reduced over processes before
+the check, so every process trips at the same step. Non-finite losses and gradient norms always trip.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from searchrl.errors import SearchRLError
+
+if TYPE_CHECKING:
+    from searchrl.config import GuardConfig
+
+# monitor names -> the metrics.jsonl keys they watch
+MONITORS = {
+    "entropy": "train/entropy",
+    "kl": "train/kl",
+    "length": "rollout/response_tokens",
+    "reward": "reward/mean",
+    "grad_norm": "train/grad_norm",
+    "loss": "train/loss",
+}
+
+
+class GuardTrip(SearchRLError):
+    """Training stopped by a collapse guard (or by a non-finite value)."""
+
+
+@dataclass(frozen=True)
+class Trip:
+    step: int  # the step (counted from 1) whose metrics tripped the guard
+    monitor: str  # the monitor's name as configured, or "non-finite"
+    metric: str  # the metrics key it watches
+    value: float  # the windowed mean (or the non-finite value)
+    bound: str  # "min 0.05", "max 2", "finite"
+    window: int  # steps the value is a mean over: the run was healthy before step - window + 1
+
+    def describe(self) -> str:
+        if self.bound == "finite":
+            return f"step {self.step}: {self.metric} is {self.value} (non-finite)"
+        over = f"mean over the last {self.window} steps" if self.window > 1 else "value"
+        return f"step {self.step}: guard '{self.monitor}' ({self.metric}) {over} is {self.value:.4g}, {self.bound}"
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "monitor": self.monitor,
+            "metric": self.metric,
+            "value": self.value,
+            "bound": self.bound,
+            "window": self.window,
+        }
+
+
+class Guards:
+    """The configured monitors and their windows of recent values."""
+
+    def __init__(self, monitors: tuple[GuardConfig, ...] | list[GuardConfig]) -> None:
+        self.monitors = list(monitors)
+        self.windows: list[deque[float]] = [deque(maxlen=g.window) for g in self.monitors]
+
+    def reset(self) -> None:
+        """Forget the recent values (after a rollback, the windows refill from the restored step on)."""
+        for w in self.windows:
+            w.clear()
+
+    def check(self, step: int, metrics: dict[str, float]) -> Trip | None:
+        """The first guard ``metrics`` (of step ``step``, counted from 1) trip, or None."""
+        for g, window in zip(self.monitors, self.windows):
+            key = MONITORS.get(g.metric, g.metric)
+            if key not in metrics:  # e.g. the KL of a run without a reference model
+                continue
+            value = float(metrics[key])
+            if not math.isfinite(value):
+                return Trip(step, g.metric, key, value, "finite", 1)
+            window.append(value)
+            if step <= g.after or len(window) < window.maxlen:  # type: ignore[operator]
+                continue
+            mean = sum(window) / len(window)
+            if g.min is not None and mean < g.min:
+                return Trip(step, g.metric, key, mean, f"below min {g.min:g}", g.window)
+            if g.max is not None and mean > g.max:
+                return Trip(step, g.metric, key, mean, f"above max {g.max:g}", g.window)
+        return None
