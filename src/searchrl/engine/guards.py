@@ -41,7 +41,7 @@ class Trip:
     metric: str  # the metrics key it watches
     value: float  # the windowed mean (or the non-finite value)
     bound: str  # "min 0.05", "max 2", "finite"
-    window: int  # steps the value is a mean over: the run was healthy before step - window + 1
+    window: int  # steps the value is a mean over (0: the step failed before its metrics existed)
 
     def describe(self) -> str:
         if self.bound == "finite":

@@ -397,7 +397,8 @@ class Trainer:
                 try:
                     metrics = self.step(step)
                 except NonFiniteError as exc:
-                    step = self._on_trip(Trip(done, "non-finite", str(exc), math.nan, "finite", 1), guards)
+                    # window 0: the step failed mid-update; the checkpoint before it is good
+                    step = self._on_trip(Trip(done, "non-finite", str(exc), math.nan, "finite", 0), guards)
                     continue
                 if (
                     evaluate is not None
