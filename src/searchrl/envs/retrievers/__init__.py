@@ -54,7 +54,9 @@ def retriever_arguments(name: str) -> list[str] | None:
     params = list(inspect.signature(cls).parameters.values())
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return [p.name for p in params if p.name not in ("docs", "embeddings")]
+    return [
+        p.name for p in params if p.name not in ("docs", "embeddings", "faiss_index")
+    ]  # built, not configured
 
 
 __all__ = ["RETRIEVERS", "CachedRetriever", "Doc", "IndexedRetriever", "Retriever", "build_retriever"]

@@ -52,7 +52,7 @@ class DenseRetriever:
         ef_search: int | None = None,
         train_size: int = 100_000,
         shard: bool = False,
-        index: Any = None,
+        faiss_index: Any = None,  # an index built or loaded already (`load`)
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
@@ -63,6 +63,7 @@ class DenseRetriever:
         self.batch_size, self.query_prefix, self.doc_prefix = batch_size, query_prefix, doc_prefix
         self.index_type = index_type
         self.encoder = SentenceTransformer(self.encoder_path, device=device)
+        index = faiss_index
         if embeddings is None and index is None:
             embeddings = self._encode(
                 [f"{doc_prefix}{d.title}. {d.text}" for d in docs], progress=len(docs) > 2000
@@ -132,4 +133,4 @@ class DenseRetriever:
         )
         if index is None and embeddings is None:
             raise DataError(f"{path}: neither index.faiss nor embeddings.npy; rebuild with `searchrl index`")
-        return cls(docs, embeddings=embeddings, index=index, **kwargs)
+        return cls(docs, embeddings=embeddings, faiss_index=index, **kwargs)
