@@ -63,11 +63,12 @@ def seed_of(run: Path) -> int:
     return 0
 
 
-def question_scores(run: Path, stage: str, key: str = "em") -> dict[str, float] | None:
-    """{question id: score} of one evaluated stage, from its predictions file (None when it has none)."""
+def question_scores(run: Path, metrics: dict[str, Any], key: str = "em") -> dict[str, float] | None:
+    """{question id: score} of one evaluated stage (its ``results.json`` entry ``metrics``), from its
+    predictions file (None when it has none)."""
     from searchrl.eval import read_predictions
 
-    rel = final_evals(run).get(stage, {}).get("predictions")
+    rel = metrics.get("predictions")
     if not rel or not (run / rel).exists():
         return None
     return {str(p["id"]): float(p[key]) for p in read_predictions(run / rel)}
@@ -80,8 +81,8 @@ def arms(
     out: dict[tuple[str, str], dict[int, dict[str, float]]] = defaultdict(dict)
     for var, runs in groups.items():
         for r in runs:
-            for stage in final_evals(r):
-                scores = question_scores(r, stage, key)
+            for stage, metrics in final_evals(r).items():
+                scores = question_scores(r, metrics, key)
                 if scores:
                     out[(var, stage)][seed_of(r)] = scores
     return dict(out)
@@ -95,12 +96,11 @@ def interval(per_seed: dict[int, dict[str, float]]) -> Any:
     return bootstrap_ci(matrix) if matrix and matrix[0] else None
 
 
-def comparisons(groups: dict[str, list[Path]], key: str = "em") -> str:
-    """Paired bootstrap between arms on the same (seed, question) pairs: each stage of a variant against
-    its warm start (``sft``), and each stage across every two variants."""
+def comparisons(data: dict[tuple[str, str], dict[int, dict[str, float]]], key: str = "em") -> str:
+    """Paired bootstrap between arms (`arms`) on the same (seed, question) pairs: each stage of a variant
+    against its warm start (``sft``), and each stage across every two variants."""
     from searchrl.stats import align, paired_bootstrap
 
-    data = arms(groups, key)
     pairs = [(a, b) for a in data for b in data if a[0] == b[0] and b[1] == "sft" and a[1] != "sft"]
     pairs += [(a, b) for a in data for b in data if a[1] == b[1] and a[0] < b[0]]
     lines = [
@@ -142,12 +142,13 @@ def final_evals(run: Path) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in json.loads(f.read_text()).items() if k != "untrained"}
 
 
-def table(groups: dict[str, list[Path]]) -> str:
+def table(
+    groups: dict[str, list[Path]], per_question: dict[tuple[str, str], dict[int, dict[str, float]]]
+) -> str:
     lines = [
         "| variant | stage | seeds | " + " | ".join(TABLE) + " | em 95% CI (questions x seeds) |",
         "|---|---|---" + "|---" * (len(TABLE) + 1) + "|",
     ]
-    per_question = arms(groups)
     rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for var, runs in groups.items():
         for r in runs:
@@ -248,8 +249,9 @@ def report(paths: list[str | Path], out: str | Path) -> Path:
     groups: dict[str, list[Path]] = defaultdict(list)
     for name, path in runs.items():
         groups[variant_of(name)].append(path)
-    md = table(groups)
-    paired = comparisons(groups)
+    per_question = arms(groups)
+    md = table(groups, per_question)
+    paired = comparisons(per_question)
     pngs = plot(groups, out)
     text = md + "\n\n"
     if paired:
