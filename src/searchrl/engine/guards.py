@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from searchrl.errors import SearchRLError
@@ -50,14 +50,7 @@ class Trip:
         return f"step {self.step}: guard '{self.monitor}' ({self.metric}) {over} is {self.value:.4g}, {self.bound}"
 
     def record(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "monitor": self.monitor,
-            "metric": self.metric,
-            "value": self.value,
-            "bound": self.bound,
-            "window": self.window,
-        }
+        return asdict(self)
 
 
 class Guards:
@@ -82,7 +75,7 @@ class Guards:
             if not math.isfinite(value):
                 return Trip(step, g.metric, key, value, "finite", 1)
             window.append(value)
-            if step <= g.after or len(window) < window.maxlen:  # type: ignore[operator]
+            if step <= g.after or len(window) < g.window:
                 continue
             mean = sum(window) / len(window)
             if g.min is not None and mean < g.min:
