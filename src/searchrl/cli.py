@@ -84,7 +84,9 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
 
 
 def cmd_index(args: argparse.Namespace) -> None:
-    from searchrl.data.corpus import load_corpus
+    from searchrl.data.corpus import iter_corpus
+    from searchrl.data.docstore import FILE as STORE_FILE
+    from searchrl.data.docstore import DocStore, write_docstore
     from searchrl.envs.retrievers import RETRIEVERS
 
     cls = RETRIEVERS.get(args.retriever)
@@ -96,7 +98,10 @@ def cmd_index(args: argparse.Namespace) -> None:
             raise SearchRLError(f"--index-type is for the dense retriever, not '{args.retriever}'")
         kwargs["index_type"] = args.index_type
     t = time.perf_counter()
-    docs = load_corpus(args.corpus)
+    # the documents go to disk first, streamed; the index is built over the memory-mapped store
+    store = Path(args.out) / STORE_FILE
+    write_docstore(iter_corpus(args.corpus), store, progress=True)
+    docs = DocStore(store)
     cls(docs, **kwargs).save(args.out)
     print(
         f"{args.retriever} index of {len(docs)} documents written to {args.out} in {time.perf_counter() - t:.1f}s"

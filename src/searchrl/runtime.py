@@ -77,7 +77,9 @@ class Runtime:
         r = self.exp.env.retriever
         if r.name == "http":
             return build_retriever("http", cache=r.cache, **r.args)
-        return build_retriever(r.name, corpus=self.corpus, index=r.index, cache=r.cache, **r.args)
+        saved = r.index is not None and (Path(r.index) / "index.json").exists()
+        corpus = None if saved else self.corpus  # a saved index brings its own (memory-mapped) documents
+        return build_retriever(r.name, corpus=corpus, index=r.index, cache=r.cache, **r.args)
 
     @cached_property
     def summarizer(self) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,27 +48,37 @@ def _from_record(i: int, rec: Any, path: Path) -> Doc:
 
 def load_corpus(path: str | Path) -> list[Doc]:
     """Load any supported corpus file. Document ids default to the record's position."""
+    return list(iter_corpus(path))
+
+
+def iter_corpus(path: str | Path) -> Iterator[Doc]:
+    """The documents of any supported corpus file, one at a time: JSONL is streamed (for corpora too big for
+    memory, with `docstore.write_docstore`); JSON files are read whole."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: corpus file not found" if not path.exists() else f"{path}: is not a file")
-    docs = _load(path)
-    if not docs:
+    empty = True
+    for doc in _iter(path):
+        empty = False
+        yield doc
+    if empty:
         raise DataError(f"{path}: no documents (the corpus is empty)")
-    return docs
 
 
-def _load(path: Path) -> list[Doc]:
+def _iter(path: Path) -> Iterator[Doc]:
     if path.suffix == ".jsonl":
-        return [_from_record(i, rec, path) for i, rec in enumerate(read_jsonl(path))]
+        for i, rec in enumerate(read_jsonl(path)):
+            yield _from_record(i, rec, path)
+        return
     data = read_json(path)
     if isinstance(data, dict):  # HotpotQA style: {title: [sentence, ...]} or {title: text}
-        return [
-            Doc(id=str(i), title=title, text=("".join(v) if isinstance(v, list) else str(v)).strip())
-            for i, (title, v) in enumerate(data.items())
-        ]
-    if isinstance(data, list):
-        return [_from_record(i, rec, path) for i, rec in enumerate(data)]
-    raise DataError(f"{path}: expected a JSON list or dict of documents, got {type(data).__name__}")
+        for i, (title, v) in enumerate(data.items()):
+            yield Doc(id=str(i), title=title, text=("".join(v) if isinstance(v, list) else str(v)).strip())
+    elif isinstance(data, list):
+        for i, rec in enumerate(data):
+            yield _from_record(i, rec, path)
+    else:
+        raise DataError(f"{path}: expected a JSON list or dict of documents, got {type(data).__name__}")
 
 
 DOC_FORMATS = {  # how retrieved documents are written into an observation

@@ -94,9 +94,20 @@ def read_json(path: str | Path) -> Any:
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    for lineno, line in enumerate(read_text(path).splitlines(), 1):
-        if line.strip():
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}: line {lineno} is not valid JSON: {exc.msg}") from None
+    """The records of a JSONL file, streamed line by line (a corpus of millions never sits in memory whole)."""
+    p = Path(path)
+    if p.is_dir() or not p.exists():
+        read_text(p)  # the DataError naming it
+    lineno = 0
+    try:
+        with p.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise DataError(f"{path}: line {lineno} is not valid JSON: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{p}: not UTF-8 text (near line {lineno + 1}: {exc.reason}); save the file as UTF-8"
+        ) from None

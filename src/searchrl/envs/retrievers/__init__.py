@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from searchrl.errors import DataError
 
 def build_retriever(
     name: str,
-    corpus: str | Path | list[Doc] | None = None,
+    corpus: str | Path | Sequence[Doc] | None = None,
     index: str | Path | None = None,
     cache: int = 0,
     **args: Any,
@@ -37,7 +38,7 @@ def build_retriever(
             raise DataError(
                 f"retriever '{name}' needs a corpus (or an index directory built by `searchrl index`)"
             )
-        docs = corpus if isinstance(corpus, list) else load_corpus(corpus)
+        docs = load_corpus(corpus) if isinstance(corpus, str | Path) else corpus
         built = cls(docs, **args)
         if index is not None:
             built.save(index)

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from searchrl.data.corpus import Doc, load_corpus
+from searchrl.data.docstore import FILE as STORE_FILE
+from searchrl.data.docstore import DocStore, write_docstore
 from searchrl.errors import DataError
 
 
 class BM25Retriever:
     """Lucene-style BM25 (k1, b) over title + text. English stop words are removed."""
 
-    def __init__(self, docs: list[Doc], k1: float = 0.9, b: float = 0.4, method: str = "lucene") -> None:
+    def __init__(self, docs: Sequence[Doc], k1: float = 0.9, b: float = 0.4, method: str = "lucene") -> None:
         import bm25s
 
         if not docs:
@@ -44,12 +49,12 @@ class BM25Retriever:
             idx, scores = self._model.retrieve(
                 [tokens[i] for i in nonempty], k=k, show_progress=False, n_threads=0
             )
-            for row, qi in enumerate(nonempty):
-                out[qi] = [
-                    _with_score(self.docs[int(j)], float(s))
-                    for j, s in zip(np.asarray(idx[row]), np.asarray(scores[row]))
-                    if float(s) > 0.0
-                ]
+            hits = [
+                [(int(j), float(s)) for j, s in zip(np.asarray(idx[row]), np.asarray(scores[row])) if s > 0.0]
+                for row in range(len(nonempty))
+            ]
+            for qi, docs in zip(nonempty, fetch(self.docs, hits)):
+                out[qi] = docs
         return out
 
     def save(self, path: str | Path) -> None:
@@ -70,18 +75,28 @@ class BM25Retriever:
         return obj
 
 
-def _with_score(doc: Doc, score: float) -> Doc:
-    return Doc(id=doc.id, title=doc.title, text=doc.text, score=score)
+def fetch(docs: Sequence[Doc], hits: list[list[tuple[int, float]]]) -> list[list[Doc]]:
+    """Each query's (row, score) hits as documents carrying their scores; a `DocStore` reads every row of the
+    batch in one go."""
+    rows = [j for q in hits for j, _ in q]
+    found = iter(docs.take(rows) if isinstance(docs, DocStore) else [docs[j] for j in rows])
+    return [[replace(next(found), score=s) for _, s in q] for q in hits]
 
 
-def _save_docs(path: Path, docs: list[Doc], meta: dict[str, Any]) -> None:
-    with (path / "docs.jsonl").open("w", encoding="utf-8") as f:
-        for d in docs:
-            f.write(json.dumps({"id": d.id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n")
+def _save_docs(path: Path, docs: Sequence[Doc], meta: dict[str, Any]) -> None:
+    """The documents as an Arrow store (`data.docstore`) beside the index, and the index's metadata."""
+    target = path / STORE_FILE
+    if isinstance(docs, DocStore):
+        if docs.path.resolve() != target.resolve():
+            shutil.copyfile(docs.path, target)
+    else:
+        write_docstore(docs, target, progress=len(docs) > 100_000)
+    (path / "docs.jsonl").unlink(missing_ok=True)  # the pre-store format, superseded
     (path / "index.json").write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
 
 
-def _load_docs(path: Path, kind: str) -> tuple[list[Doc], dict[str, Any]]:
+def _load_docs(path: Path, kind: str) -> tuple[Sequence[Doc], dict[str, Any]]:
+    """The saved documents, memory-mapped (indexes saved before the store, with docs.jsonl, still load)."""
     meta_file = path / "index.json"
     if not meta_file.exists():
         raise FileNotFoundError(
@@ -90,6 +105,8 @@ def _load_docs(path: Path, kind: str) -> tuple[list[Doc], dict[str, Any]]:
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
     if meta.get("retriever") != kind:
         raise ValueError(f"{path} holds a {meta.get('retriever')!r} index, not {kind!r}")
+    if (path / STORE_FILE).exists():
+        return DocStore(path / STORE_FILE), meta
     with (path / "docs.jsonl").open(encoding="utf-8") as f:
         docs = [Doc(**json.loads(line)) for line in f if line.strip()]
     return docs, meta

@@ -9,13 +9,14 @@ Install with ``pip install 'searchrl[dense]'``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from searchrl.data.corpus import Doc, load_corpus
-from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, _with_score
+from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, fetch
 from searchrl.envs.retrievers.faiss_index import (
     build_index,
     load_index,
@@ -40,7 +41,7 @@ def default_encoder_path() -> str:
 class DenseRetriever:
     def __init__(
         self,
-        docs: list[Doc],
+        docs: Sequence[Doc],
         encoder: str | None = None,
         batch_size: int = 64,
         device: str = "cpu",
@@ -94,10 +95,10 @@ class DenseRetriever:
             return []
         k = min(k, len(self.docs))
         scores, idx = self.index.search(self._encode([self.query_prefix + q for q in queries]), k)
-        return [
-            [_with_score(self.docs[int(j)], float(s)) for j, s in zip(row_i, row_s) if j >= 0]
-            for row_i, row_s in zip(idx, scores)
+        hits = [
+            [(int(j), float(s)) for j, s in zip(row_i, row_s) if j >= 0] for row_i, row_s in zip(idx, scores)
         ]
+        return fetch(self.docs, hits)
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from searchrl.data.corpus import Doc
 from searchrl.envs.retrievers.base import Retriever
-from searchrl.envs.retrievers.bm25 import _with_score
 
 
 class HybridRetriever:
@@ -29,5 +29,5 @@ class HybridRetriever:
                     scores[doc.id] += 1.0 / (self.rrf_k + rank)
                     docs.setdefault(doc.id, doc)
             best = sorted(scores, key=lambda d: (-scores[d], d))[:k]
-            out.append([_with_score(docs[d], scores[d]) for d in best])
+            out.append([replace(docs[d], score=scores[d]) for d in best])
         return out

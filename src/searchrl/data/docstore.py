@@ -1,0 +1,113 @@
+"""Documents on disk: one Arrow file in the `datasets` format, memory-mapped and read by row.
+
+A retriever keeps a `DocStore` instead of a list of `Doc`: opening it maps the file instead of parsing it, so
+start-up time and resident memory do not grow with the corpus's text (only the pages a search touches are
+read). It is a ``Sequence[Doc]``, so code written for a list of documents works on it unchanged; ``take``
+fetches a batch of rows in one read.
+
+    write_docstore(iter_corpus("wiki-18.jsonl"), "index/docs.arrow")   # streamed, never all in memory
+    store = DocStore("index/docs.arrow")
+    store.take([17, 4_000_001])                                          # -> [Doc, Doc]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+from searchrl.data.corpus import Doc
+from searchrl.errors import DataError
+
+FILE = "docs.arrow"  # the store's file name inside an index directory
+_COLUMNS = ("id", "title", "text")
+
+
+def _features() -> Any:
+    from datasets import Features, Value
+
+    return Features({c: Value("string") for c in _COLUMNS})
+
+
+def write_docstore(
+    docs: Iterable[Doc], path: str | Path, batch_size: int = 10_000, progress: bool = False
+) -> int:
+    """Write ``docs`` (any iterable: a list, a `DocStore`, `iter_corpus`'s stream) to an Arrow file at
+    ``path``, ``batch_size`` rows at a time. Returns the number of documents."""
+    from datasets.arrow_writer import ArrowWriter
+    from tqdm.auto import tqdm
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    n = 0
+    cols: dict[str, list[str]] = {c: [] for c in _COLUMNS}
+    with ArrowWriter(features=_features(), path=str(tmp)) as writer:
+        for d in tqdm(docs, desc="documents", unit="doc", disable=not progress, mininterval=2.0):
+            cols["id"].append(d.id)
+            cols["title"].append(d.title)
+            cols["text"].append(d.text)
+            n += 1
+            if len(cols["id"]) >= batch_size:
+                writer.write_batch(cols)
+                cols = {c: [] for c in _COLUMNS}
+        if cols["id"]:
+            writer.write_batch(cols)
+        writer.finalize()
+    if n == 0:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"{path}: no documents to store (the corpus is empty)")
+    tmp.replace(path)  # a store is complete or absent, never half-written
+    return n
+
+
+class DocStore(Sequence[Doc]):
+    """A memory-mapped Arrow file of documents (columns id, title, text), read by row."""
+
+    def __init__(self, path: str | Path) -> None:
+        from datasets import Dataset
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataError(f"{self.path}: document store not found; build it with `searchrl index`")
+        ds = Dataset.from_file(str(self.path), in_memory=False)
+        missing = [c for c in _COLUMNS if c not in ds.column_names]
+        if missing:
+            raise DataError(f"{self.path}: not a document store (no column {', '.join(missing)})")
+        self._table = ds.data.table  # pyarrow Table over the mapped file
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    @overload
+    def __getitem__(self, i: int) -> Doc: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Doc]: ...
+
+    def __getitem__(self, i: int | slice) -> Doc | list[Doc]:
+        if isinstance(i, slice):
+            return self.take(range(len(self))[i])
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"document row {i} out of range for a store of {n}")
+        return self._rows(self._table.slice(i % n, 1))[0]
+
+    def take(self, rows: Sequence[int]) -> list[Doc]:
+        """The documents at ``rows`` (in that order), in one read."""
+        if len(rows) == 0:
+            return []
+        return self._rows(self._table.take(list(rows)))
+
+    def __iter__(self) -> Iterator[Doc]:
+        for batch in self._table.to_batches(max_chunksize=10_000):
+            yield from self._rows(batch)
+
+    @staticmethod
+    def _rows(table: Any) -> list[Doc]:
+        cols = [table.column(c).to_pylist() for c in _COLUMNS]
+        return [Doc(id=i, title=t, text=x) for i, t, x in zip(*cols)]
+
+    def nbytes(self) -> int:
+        """Size of the stored documents (on disk; mapped, not resident)."""
+        return int(self._table.nbytes)
