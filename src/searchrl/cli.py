@@ -91,7 +91,9 @@ def cmd_index(args: argparse.Namespace) -> None:
 
     cls = RETRIEVERS.get(args.retriever)
     if not hasattr(cls, "save"):
-        raise SearchRLError(f"retriever '{args.retriever}' has no index to build; valid: bm25, dense")
+        raise SearchRLError(
+            f"retriever '{args.retriever}' has no index to build; valid: bm25, dense, tantivy"
+        )
     kwargs = _retriever_kwargs(args.retriever, args.arg)
     if args.index_type:
         if args.retriever != "dense":

@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -18,16 +18,30 @@ from searchrl.errors import DataError
 
 
 class BM25Retriever:
-    """Lucene-style BM25 (k1, b) over title + text. English stop words are removed."""
+    """Lucene-style BM25 (k1, b) over title + text. English stop words are removed.
 
-    def __init__(self, docs: Sequence[Doc], k1: float = 0.9, b: float = 0.4, method: str = "lucene") -> None:
+    ``backend: numba`` scores with bm25s's compiled kernels (needs numba) and ``threads`` runs a batch's queries
+    on that many threads (-1: every core; 0: in the calling thread). A loaded index is memory-mapped."""
+
+    def __init__(
+        self,
+        docs: Sequence[Doc],
+        k1: float = 0.9,
+        b: float = 0.4,
+        method: str = "lucene",
+        backend: Literal["numpy", "numba"] = "numpy",
+        threads: int = 0,
+    ) -> None:
         import bm25s
 
         if not docs:
             raise DataError("BM25Retriever needs a non-empty corpus")
+        if backend not in ("numpy", "numba"):
+            raise DataError(f"bm25 backend must be 'numpy' or 'numba', got {backend!r}")
         self.docs = docs
         self.params = {"k1": k1, "b": b, "method": method}
-        self._model = bm25s.BM25(k1=k1, b=b, method=method)
+        self.backend, self.threads = backend, threads
+        self._model = bm25s.BM25(k1=k1, b=b, method=method, backend=backend)
         tokens = bm25s.tokenize([f"{d.title} {d.text}" for d in docs], stopwords="en", show_progress=False)
         self._model.index(tokens, show_progress=False)
 
@@ -47,7 +61,11 @@ class BM25Retriever:
         out: list[list[Doc]] = [[] for _ in queries]
         if nonempty:
             idx, scores = self._model.retrieve(
-                [tokens[i] for i in nonempty], k=k, show_progress=False, n_threads=0
+                [tokens[i] for i in nonempty],
+                k=k,
+                show_progress=False,
+                n_threads=self.threads,
+                backend_selection=self.backend,
             )
             hits = [
                 [(int(j), float(s)) for j, s in zip(np.asarray(idx[row]), np.asarray(scores[row])) if s > 0.0]
@@ -64,14 +82,18 @@ class BM25Retriever:
         _save_docs(path, self.docs, {"retriever": "bm25", **self.params})
 
     @classmethod
-    def load(cls, path: str | Path, **_: Any) -> BM25Retriever:
+    def load(
+        cls, path: str | Path, backend: Literal["numpy", "numba"] = "numpy", threads: int = 0, **_: Any
+    ) -> BM25Retriever:
         import bm25s
 
         path = Path(path)
         obj = cls.__new__(cls)
         obj.docs, meta = _load_docs(path, "bm25")
         obj.params = {k: meta[k] for k in ("k1", "b", "method")}
-        obj._model = bm25s.BM25.load(str(path / "bm25s"), show_progress=False)
+        obj.backend, obj.threads = backend, threads
+        obj._model = bm25s.BM25.load(str(path / "bm25s"), show_progress=False, mmap=True)
+        obj._model.backend = backend
         return obj
 
 
