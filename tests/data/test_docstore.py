@@ -25,6 +25,13 @@ def test_round_trip_and_row_access(tmp_path):
     with pytest.raises(IndexError, match="row 25 out of range for a store of 25"):
         store[25]
     assert not (tmp_path / "s" / "docs.arrow.tmp").exists()
+    from datasets import Dataset  # the store is a `datasets` Arrow file
+
+    assert Dataset.from_file(str(tmp_path / "s" / "docs.arrow"))[3] == {
+        "id": "d3",
+        "title": "Title 3",
+        "text": "text number 3 ",
+    }
 
 
 def test_errors_name_the_file(tmp_path):
@@ -33,6 +40,9 @@ def test_errors_name_the_file(tmp_path):
     assert not (tmp_path / "empty.arrow").exists() and not (tmp_path / "empty.arrow.tmp").exists()
     with pytest.raises(DataError, match="missing.arrow: document store not found"):
         DocStore(tmp_path / "missing.arrow")
+    (tmp_path / "bad.arrow").write_text("not arrow")
+    with pytest.raises(DataError, match="bad.arrow: not a document store"):
+        DocStore(tmp_path / "bad.arrow")
 
 
 def test_streamed_from_a_jsonl_corpus(tmp_path, fixtures):
