@@ -82,14 +82,26 @@ def test_teacher_command(tmp_path, capsys):
     assert 0.75 <= sum(r["renamed"] for r in rows) / len(rows) <= 1.0  # rename_prob 0.9 in the quickstart
 
 
-def test_index_then_serve_over_http(tmp_path, fixtures):
+@pytest.mark.parametrize("retriever", ["bm25", "tantivy"])
+def test_index_then_serve_over_http(tmp_path, fixtures, retriever):
     idx = tmp_path / "idx"
-    main(["index", "--retriever", "bm25", "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(idx)])
+    main(["index", "--retriever", retriever, "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(idx)])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "searchrl", "serve-retriever", "--index", str(idx), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "searchrl",
+            "serve-retriever",
+            "--retriever",
+            retriever,
+            "--index",
+            str(idx),
+            "--port",
+            str(port),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

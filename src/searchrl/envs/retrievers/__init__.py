@@ -56,7 +56,7 @@ def retriever_arguments(name: str) -> list[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
     return [
-        p.name for p in params if p.name not in ("docs", "embeddings", "faiss_index")
+        p.name for p in params if p.name not in ("docs", "embeddings", "faiss_index", "tantivy_index")
     ]  # built, not configured
 
 

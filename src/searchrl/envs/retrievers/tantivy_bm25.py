@@ -78,19 +78,19 @@ class TantivyRetriever:
         threads: int = 2,
         heap_mb: int = 512,
         index_dir: str | Path | None = None,
-        _index: Any = None,  # an opened index (`load`)
+        tantivy_index: Any = None,  # an opened index (`load`)
     ) -> None:
         if not docs:
             raise DataError("TantivyRetriever needs a non-empty corpus")
         self.docs, self.threads = docs, max(1, threads)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        if _index is None:
+        if tantivy_index is None:
             if index_dir is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix="searchrl-tantivy-")
                 index_dir = self._tmp.name
-            _index = self._build(docs, Path(index_dir), heap_mb)
+            tantivy_index = self._build(docs, Path(index_dir), heap_mb)
         self.index_dir = Path(index_dir) if index_dir is not None else None
-        self.index = _index
+        self.index = tantivy_index
         self.searcher = self.index.searcher()
         if self.searcher.num_docs != len(docs):
             raise DataError(f"the tantivy index holds {self.searcher.num_docs} documents for {len(docs)}")
@@ -151,7 +151,10 @@ class TantivyRetriever:
         index = _tantivy().Index.open(str(path / _SUBDIR))
         _register(index)
         return cls(
-            docs, threads=threads or int(meta.get("threads", 2)), index_dir=path / _SUBDIR, _index=index
+            docs,
+            threads=threads or int(meta.get("threads", 2)),
+            index_dir=path / _SUBDIR,
+            tantivy_index=index,
         )
 
     def __repr__(self) -> str:
