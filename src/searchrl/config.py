@@ -221,7 +221,9 @@ class TrainerConfig:
     optimizer: Literal["adamw", "sgd"] = "adamw"
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    # wsd: warm-up, constant, then a cosine decay to 0 over the last `decay_steps` (warmup-stable-decay)
+    schedule: Literal["constant", "cosine", "linear", "wsd"] = "constant"
+    decay_steps: int = 0  # wsd only: steps of the final decay
     max_grad_norm: float = 1.0
     epochs: int = 1  # passes over each rollout batch (PPO epochs)
     mini_batches: int = 1  # optimizer updates per pass over a rollout batch
@@ -238,6 +240,13 @@ class TrainerConfig:
     wandb_project: str | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+
+    def __post_init__(self) -> None:
+        if self.schedule == "wsd" and not 0 < self.decay_steps <= self.steps - self.warmup_steps:
+            raise ValueError(
+                f"schedule wsd needs 0 < decay_steps ({self.decay_steps}) <= steps - warmup_steps "
+                f"({self.steps} - {self.warmup_steps})"
+            )
 
 
 @dataclass(frozen=True)
@@ -328,6 +337,7 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "lr": _POSITIVE,
         "weight_decay": _AT_LEAST_0,
         "warmup_steps": _AT_LEAST_0,
+        "decay_steps": _AT_LEAST_0,
         "max_grad_norm": _POSITIVE,
         "epochs": _AT_LEAST_1,
         "mini_batches": _AT_LEAST_1,

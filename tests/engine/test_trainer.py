@@ -1,6 +1,7 @@
 """Single-process training end to end on the tiny model: SFT, GRPO (full and LoRA), resume, NaN handling."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from safetensors.torch import load_file
 from searchrl.config import TrainerConfig
 from searchrl.engine.engine import NonFiniteError
 from searchrl.engine.metrics import progress_fields, read_metrics
-from searchrl.engine.trainer import Schedule, Trainer
+from searchrl.engine.trainer import Schedule, Trainer, make_optimizer
 from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
 from searchrl.rewards import register_reward
 from searchrl.runtime import Runtime
@@ -49,6 +50,20 @@ def test_schedule_is_a_pure_function_of_step():
     seen = [i for step in range(5) for i in s.indices(step)]
     assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))  # epochs
     assert Schedule(10, 4, seed=3).indices(3) == s.indices(3)
+
+
+def test_wsd_schedule_warms_up_holds_then_decays_to_zero():
+    cfg = TrainerConfig(steps=10, lr=1.0, warmup_steps=2, schedule="wsd", decay_steps=4)
+    opt, sched = make_optimizer(cfg, [{"params": [torch.nn.Parameter(torch.zeros(1))]}])
+    lrs = []
+    for _ in range(cfg.steps + 1):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[:7] == pytest.approx([0.0, 0.5, 1, 1, 1, 1, 1])  # linear warm-up, then constant
+    assert lrs[7:] == pytest.approx([0.5 * (1 + math.cos(math.pi * i / 4)) for i in range(1, 5)])  # cosine
+    with pytest.raises(ValueError, match="decay_steps"):
+        TrainerConfig(steps=10, schedule="wsd")
 
 
 def test_sft_learns_and_exports(make_exp, small_world, caplog):

@@ -514,8 +514,15 @@ def make_optimizer(cfg: TrainerConfig, groups: list[dict[str, Any]]) -> tuple[to
     per_step = cfg.epochs * cfg.mini_batches
     # "constant" with warm-up steps means a linear warm-up, then constant
     name = "constant_with_warmup" if cfg.schedule == "constant" and cfg.warmup_steps else cfg.schedule
+    extra = None
+    if cfg.schedule == "wsd":  # decay_steps checked by TrainerConfig
+        name, extra = "warmup_stable_decay", {"num_decay_steps": cfg.decay_steps * per_step}
     scheduler = get_scheduler(
-        name, optimizer, num_warmup_steps=cfg.warmup_steps * per_step, num_training_steps=cfg.steps * per_step
+        name,
+        optimizer,
+        num_warmup_steps=cfg.warmup_steps * per_step,
+        num_training_steps=cfg.steps * per_step,
+        scheduler_specific_kwargs=extra,
     )
     return optimizer, scheduler
 
