@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
 
+import numpy as np
+
 from searchrl.data.corpus import Doc
 from searchrl.errors import DataError
 
@@ -79,6 +81,10 @@ class DocStore(Sequence[Doc]):
         missing = [c for c in _COLUMNS if c not in self._table.column_names]
         if missing:
             raise DataError(f"{self.path}: not a document store (no column {', '.join(missing)})")
+        # rows are taken from the record batch that holds them: `Table.take` concatenates a column's chunks
+        # first, i.e. copies the whole corpus's text into memory at the first search
+        self._batches = self._table.to_batches()
+        self._starts = np.cumsum([0] + [b.num_rows for b in self._batches])
 
     def __len__(self) -> int:
         return self._table.num_rows
@@ -101,7 +107,17 @@ class DocStore(Sequence[Doc]):
         """The documents at ``rows`` (in that order), in one read."""
         if len(rows) == 0:
             return []
-        return self._rows(self._table.take(list(rows)))
+        idx = np.asarray(rows, dtype=np.int64)
+        bad = (idx < 0) | (idx >= len(self))
+        if bad.any():
+            raise IndexError(f"document row {int(idx[bad][0])} out of range for a store of {len(self)}")
+        batch = np.searchsorted(self._starts, idx, side="right") - 1
+        out: list[Doc | None] = [None] * len(idx)
+        for b in np.unique(batch):
+            where = np.flatnonzero(batch == b)
+            for i, doc in zip(where, self._rows(self._batches[b].take(idx[where] - self._starts[b]))):
+                out[i] = doc
+        return out  # type: ignore[return-value]  # every slot filled
 
     def __iter__(self) -> Iterator[Doc]:
         for batch in self._table.to_batches(max_chunksize=10_000):
