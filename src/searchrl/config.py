@@ -45,6 +45,9 @@ class WorldConfig:
         3  # object documents list up to this many subjects ("People born in X include ...")
     )
     name_pool_factor: float = 3.0  # names invented per entity: the extra ones are used for renaming
+    # fact sentences per relation that documents use (the first n of schema.RELATIONS' phrasings, which
+    # name the subject first); null: all of them. 1 makes reading an answer off a document a fixed pattern
+    phrasings: int | None = None
 
     def count(self, kind: str) -> int:
         return {
@@ -315,6 +318,7 @@ _AT_LEAST_1, _AT_LEAST_0, _POSITIVE = (
 )
 RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "DataConfig": {"limit": _AT_LEAST_1},
+    "WorldConfig": {"phrasings": _AT_LEAST_1},
     "RetrieverConfig": {"cache": _AT_LEAST_0},
     "EnvConfig": {
         "topk": _AT_LEAST_1,

@@ -43,6 +43,30 @@ def test_documents_one_per_entity_with_facts(small_world):
             assert small_world.by_id[obj].display in doc.text
 
 
+def _phrasings_used(world):
+    """(facts stated with their relation's first phrasing, facts stated with another) in the documents."""
+    from searchrl.envs.synthetic.schema import RELATIONS_BY_SUBJECT
+
+    text = {d.id: d.text for d in world.documents()}
+    first = other = 0
+    for e in world.entities:
+        for rel in RELATIONS_BY_SUBJECT[e.kind]:
+            said = [
+                f.format(s=e.display, o=world.by_id[e.facts[rel.name]].display) in text[e.id]
+                for f in rel.facts
+            ]
+            first, other = first + said[0], other + any(said[1:])
+    return first, other
+
+
+def test_one_phrasing_states_every_fact_the_same_way(small_world):
+    plain = World.generate(WorldConfig(**{**small_world.config.__dict__, "phrasings": 1}))
+    facts = sum(len(e.facts) for e in plain.entities)
+    assert _phrasings_used(plain) == (facts, 0)
+    assert _phrasings_used(small_world)[1] > facts / 2  # by default every phrasing is used
+    assert plain.examples("test") == small_world.examples("test")  # the questions do not change
+
+
 def test_questions_have_decompositions(small_world):
     for split in SPLITS:
         for ex in small_world.examples(split):

@@ -108,7 +108,8 @@ class World:
             intro = rng.choice(INTROS[e.kind]).format(s=s, **e.attrs)
             body = []
             for rel in RELATIONS_BY_SUBJECT[e.kind]:
-                body.append(rng.choice(rel.facts).format(s=s, o=self.by_id[e.facts[rel.name]].display))
+                facts = rel.facts[: self.config.phrasings]
+                body.append(rng.choice(facts).format(s=s, o=self.by_id[e.facts[rel.name]].display))
             for rel in _relations_with_object(e.kind):
                 subs = subjects_of.get((e.id, f"{rel.subject}.{rel.name}"), [])
                 if subs and self.config.inverse_mentions > 0:
