@@ -513,7 +513,7 @@ def make_optimizer(cfg: TrainerConfig, groups: list[dict[str, Any]]) -> tuple[to
     optimizer = opt_cls(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     per_step = cfg.epochs * cfg.mini_batches
     # "constant" with warm-up steps means a linear warm-up, then constant
-    name = "constant_with_warmup" if cfg.schedule == "constant" and cfg.warmup_steps else cfg.schedule
+    name: str = "constant_with_warmup" if cfg.schedule == "constant" and cfg.warmup_steps else cfg.schedule
     extra = None
     if cfg.schedule == "wsd":  # decay_steps checked by TrainerConfig
         name, extra = "warmup_stable_decay", {"num_decay_steps": cfg.decay_steps * per_step}

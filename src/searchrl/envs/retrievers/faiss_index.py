@@ -70,6 +70,27 @@ def set_search_params(index: Any, nprobe: int | None = None, ef_search: int | No
             continue  # e.g. nprobe on an HNSW index: not a parameter of this index type
 
 
+def rerank(
+    vectors: np.ndarray, queries: np.ndarray, ids: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner products of each query with its candidates' stored vectors, best ``k`` first.
+
+    ``vectors`` may be memory-mapped (the saved embeddings): only the candidates' rows are read, so a
+    compressed index (PQ codes in memory) regains exact ordering among its candidates without holding the
+    vectors in memory. ``ids``: (n_queries, candidates), -1 for none. Returns (scores, ids), (n_queries, k),
+    padded with -inf / -1."""
+    n = len(queries)
+    scores, out = np.full((n, k), -np.inf, dtype=np.float32), np.full((n, k), -1, dtype=np.int64)
+    for i in range(n):
+        cand = np.unique(ids[i][ids[i] >= 0])  # sorted: memory-mapped rows are read in file order
+        if len(cand) == 0:
+            continue
+        s = np.asarray(vectors[cand], dtype=np.float32) @ queries[i]
+        top = np.argsort(-s, kind="stable")[:k]
+        scores[i, : len(top)], out[i, : len(top)] = s[top], cand[top]
+    return scores, out
+
+
 def save_index(index: Any, path: Path) -> None:
     faiss = faiss_module()
     if hasattr(faiss, "index_gpu_to_cpu") and type(index).__name__.startswith("Gpu"):
