@@ -74,6 +74,9 @@ class TeacherConfig:
     p_early: float = 0.10  # after a hop (not the last), answer with the current sub-answer
     p_vague: float = 0.15  # before a hop's proper query, issue one without its entity
     rename_prob: float = 0.0  # share of trajectories whose entity names are renamed
+    # quote the sentence a sub-answer was read from ("Found: Tubrous was formed in Staloton."), before the
+    # next step or the answer: the answer is then copied from a quoted sentence, not looked up by relation
+    quote: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -69,3 +69,26 @@ def test_renamed_records_are_self_consistent(world_bm25, small_world):
     rng = random.Random(0)
     assert rng  # deterministic seeds: the same config gives the same records
     assert teacher_records(env, small_world, examples, TeacherConfig(rename_prob=1.0, seed=3)) == recs
+
+
+def test_quoting_teacher_cites_the_sentence_it_read(world_bm25, small_world):
+    """teacher.quote: each sub-answer is stated with the retrieved sentence that names it, and the final
+    thought quotes the last one before the answer; the actions taken are the same as without quoting."""
+    import re
+
+    env = SearchEnv(world_bm25, template="short", topk=3, max_turns=6)
+    examples = small_world.examples("test")[:40]
+    plain = run_teacher(env, examples, TeacherConfig())
+    quoted = run_teacher(env, examples, TeacherConfig(quote=True))
+    searches = 0
+    for ex, p, q in zip(examples, plain, quoted):
+        assert [i.query for i in p.infos] == [i.query for i in q.infos] and p.answer == q.answer
+        for action, obs_before in zip(q.actions[1:], q.observations):
+            m = re.search(r"Found: ([^<]*?)\.(?: Next| So| Let|\s*</think>)", action)
+            if m:
+                searches += 1
+                assert f"{m.group(1)}." in obs_before, action  # a sentence of what was retrieved
+                assert any(re.search(rf"\b{h.answer}\b", m.group(1)) for h in ex.hops), action
+        if q.answer and q.finish_reason == "answer" and "Found:" in q.actions[-1]:
+            assert q.actions[-1].index("Found:") < q.actions[-1].index("So the answer is")
+    assert searches >= 40

@@ -50,8 +50,9 @@ class TeacherEpisode:
     def best_answer(self) -> str:
         return self.found[-1] if self.found else "unknown"
 
-    def _answer(self, ans: str) -> str:
-        return f"<think> So the answer is {ans}. </think>\n{self.env.tags.format_answer(ans)}"
+    def _answer(self, ans: str, note: str = "") -> str:
+        lead = f"{note} " if self.cfg.quote and note else ""
+        return f"<think> {lead}So the answer is {ans}. </think>\n{self.env.tags.format_answer(ans)}"
 
     def _search(self, think: str, query: str) -> str:
         self.pending = query
@@ -74,6 +75,8 @@ class TeacherEpisode:
         self.found.append(hop.answer)
         self.hop, self.key, self.vague_done = self.hop + 1, 0, False
         self.just_found = True
+        if self.cfg.quote:
+            return f"Found: {_sentence_with(state.observations[-1], hop.answer)}."
         return f"Found: {hop.answer}."
 
     def next_action(self, state: EnvState) -> str:
@@ -86,10 +89,10 @@ class TeacherEpisode:
             self.repeat_query = query
             return self._search(f"{note} Let me check again.", query)
         if self.hop == len(hops):
-            return self._answer(self.best_answer)
+            return self._answer(self.best_answer, note)
         if cfg.noisy and not self.early_done and self.found and self.rng.random() < cfg.p_early:
             self.early_done = True
-            return self._answer(self.best_answer)
+            return self._answer(self.best_answer, note)
         hop = hops[self.hop]
         think = f"{note} Next: {hop.question}".strip()
         if cfg.noisy and not self.vague_done and self.rng.random() < cfg.p_vague:
@@ -99,6 +102,17 @@ class TeacherEpisode:
             return self._answer(self.best_answer)
         self.key += 1
         return self._search(think, hop.keys[self.key - 1])
+
+
+def _sentence_with(observation: str, name: str) -> str:
+    """The first sentence of a retrieved document that names ``name`` (the document's text, without the
+    environment's wrapping), without its full stop."""
+    text = re.sub(r"^.*?\(Title: [^)]*\)\s*", "", observation.strip(), flags=re.S)
+    text = re.sub(r"</?\w+>", "", text)
+    for sentence in re.split(r"(?<=\.)\s+", text):
+        if re.search(rf"\b{re.escape(name)}\b", sentence):
+            return sentence.strip().rstrip(".")
+    return name
 
 
 def run_teacher(
