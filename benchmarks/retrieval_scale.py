@@ -343,9 +343,9 @@ def main() -> None:
         )
     )
     print(
-        "\n| part | vectors | index | build s | index MB | share of Flat | load s | RSS MB | queries/s | R@1 | R@5 | R@10 |"
+        "\n| part | vectors | index | build s | index MB | share of Flat | load s | RSS MB (anonymous) | search | queries/s | R@1 | R@5 | R@10 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["part"] == "serve":
             continue
