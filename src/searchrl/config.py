@@ -227,9 +227,10 @@ class TrainerConfig:
     optimizer: Literal["adamw", "sgd"] = "adamw"
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    # wsd: warm-up, constant, then a cosine decay to 0 over the last `decay_steps` (warmup-stable-decay)
+    # wsd: warm-up, constant, then a cosine decay to 0 over the last `decay_fraction` of the steps
+    # (warmup-stable-decay; a fraction, so that a shortened run keeps the shape)
     schedule: Literal["constant", "cosine", "linear", "wsd"] = "constant"
-    decay_steps: int = 0  # wsd only: steps of the final decay
+    decay_fraction: float = 0.0  # wsd only, in (0, 1]
     max_grad_norm: float = 1.0
     epochs: int = 1  # passes over each rollout batch (PPO epochs)
     mini_batches: int = 1  # optimizer updates per pass over a rollout batch
@@ -248,11 +249,8 @@ class TrainerConfig:
     guards: GuardsConfig = field(default_factory=GuardsConfig)
 
     def __post_init__(self) -> None:
-        if self.schedule == "wsd" and not 0 < self.decay_steps <= self.steps - self.warmup_steps:
-            raise ValueError(
-                f"schedule wsd needs 0 < decay_steps ({self.decay_steps}) <= steps - warmup_steps "
-                f"({self.steps} - {self.warmup_steps})"
-            )
+        if self.schedule == "wsd" and not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"schedule wsd needs decay_fraction in (0, 1], got {self.decay_fraction}")
 
 
 @dataclass(frozen=True)
@@ -344,7 +342,6 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "lr": _POSITIVE,
         "weight_decay": _AT_LEAST_0,
         "warmup_steps": _AT_LEAST_0,
-        "decay_steps": _AT_LEAST_0,
         "max_grad_norm": _POSITIVE,
         "epochs": _AT_LEAST_1,
         "mini_batches": _AT_LEAST_1,

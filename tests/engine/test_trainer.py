@@ -53,16 +53,22 @@ def test_schedule_is_a_pure_function_of_step():
 
 
 def test_wsd_schedule_warms_up_holds_then_decays_to_zero():
-    cfg = TrainerConfig(steps=10, lr=1.0, warmup_steps=2, schedule="wsd", decay_steps=4)
-    opt, sched = make_optimizer(cfg, [{"params": [torch.nn.Parameter(torch.zeros(1))]}])
-    lrs = []
-    for _ in range(cfg.steps + 1):
-        lrs.append(sched.get_last_lr()[0])
-        opt.step()
-        sched.step()
-    assert lrs[:7] == pytest.approx([0.0, 0.5, 1, 1, 1, 1, 1])  # linear warm-up, then constant
-    assert lrs[7:] == pytest.approx([0.5 * (1 + math.cos(math.pi * i / 4)) for i in range(1, 5)])  # cosine
-    with pytest.raises(ValueError, match="decay_steps"):
+    def lrs(cfg):
+        opt, sched = make_optimizer(cfg, [{"params": [torch.nn.Parameter(torch.zeros(1))]}])
+        out = []
+        for _ in range(cfg.steps):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    got = lrs(TrainerConfig(steps=10, lr=1.0, warmup_steps=2, schedule="wsd", decay_fraction=0.4))
+    assert got[:7] == pytest.approx([0.0, 0.5, 1, 1, 1, 1, 1])  # linear warm-up, then constant
+    assert got[7:] == pytest.approx([0.5 * (1 + math.cos(math.pi * i / 4)) for i in range(1, 4)])  # cosine
+    # a shortened run keeps the shape: the decay is a share of the steps, the warm-up gives way to it
+    short = lrs(TrainerConfig(steps=4, lr=1.0, warmup_steps=20, schedule="wsd", decay_fraction=0.25))
+    assert short == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])  # warm-up cut to 3 steps, then the decay starts
+    with pytest.raises(ValueError, match="decay_fraction"):
         TrainerConfig(steps=10, schedule="wsd")
 
 

@@ -514,13 +514,18 @@ def make_optimizer(cfg: TrainerConfig, groups: list[dict[str, Any]]) -> tuple[to
     per_step = cfg.epochs * cfg.mini_batches
     # "constant" with warm-up steps means a linear warm-up, then constant
     name: str = "constant_with_warmup" if cfg.schedule == "constant" and cfg.warmup_steps else cfg.schedule
-    extra = None
-    if cfg.schedule == "wsd":  # decay_steps checked by TrainerConfig
-        name, extra = "warmup_stable_decay", {"num_decay_steps": cfg.decay_steps * per_step}
+    extra, warmup = None, cfg.warmup_steps
+    if cfg.schedule == "wsd":  # the decay takes its share of the steps; warm-up gets at most the rest
+        decay = max(1, round(cfg.steps * cfg.decay_fraction))
+        name, extra, warmup = (
+            "warmup_stable_decay",
+            {"num_decay_steps": decay * per_step},
+            min(warmup, cfg.steps - decay),
+        )
     scheduler = get_scheduler(
         name,
         optimizer,
-        num_warmup_steps=cfg.warmup_steps * per_step,
+        num_warmup_steps=warmup * per_step,
         num_training_steps=cfg.steps * per_step,
         scheduler_specific_kwargs=extra,
     )
