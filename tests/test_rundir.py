@@ -27,9 +27,9 @@ def test_same_config_passes_and_is_not_rewritten(tmp_path):
 def test_changed_config_is_refused_with_the_keys(tmp_path):
     claim_run_dir(_exp(tmp_path))
     with pytest.raises(ConfigError) as e:
-        check_run_dir(_exp(tmp_path, "trainer.lr=3e-4", "env.topk=2"))
+        check_run_dir(_exp(tmp_path, "trainer.lr=5e-4", "env.topk=2"))
     msg = str(e.value)
-    assert str(tmp_path / "config.yaml") in msg and "trainer.lr: 0.0001 -> 0.0003" in msg
+    assert str(tmp_path / "config.yaml") in msg and "trainer.lr: 0.0003 -> 0.0005" in msg
     assert "env.topk: 1 -> 2" in msg
     assert "--force" in msg
 
@@ -40,8 +40,8 @@ def test_force_clears_run_files_only(tmp_path):
         (tmp_path / d).mkdir(parents=True)
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     (tmp_path / "notes.txt").write_text("mine")
-    changed = _exp(tmp_path, "trainer.lr=3e-4")
+    changed = _exp(tmp_path, "trainer.lr=5e-4")
     check_run_dir(changed, force=True)
     claim_run_dir(changed, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt"]
-    assert "0.0003" in (tmp_path / "config.yaml").read_text()
+    assert "0.0005" in (tmp_path / "config.yaml").read_text()

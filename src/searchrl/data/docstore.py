@@ -45,7 +45,8 @@ def write_docstore(
     n = 0
     cols: dict[str, list[str]] = {c: [] for c in _COLUMNS}
     with ArrowWriter(features=_features(), path=str(tmp)) as writer:
-        for d in tqdm(docs, desc="documents", unit="doc", disable=not progress, mininterval=2.0):
+        # shown after 2 s: a small corpus, or one that fails early, prints no bar before its message
+        for d in tqdm(docs, desc="documents", unit="doc", disable=not progress, mininterval=2.0, delay=2.0):
             cols["id"].append(d.id)
             cols["title"].append(d.title)
             cols["text"].append(d.text)
