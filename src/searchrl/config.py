@@ -186,7 +186,10 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 128  # per action (generation stops earlier at a stop tag)
     max_total_tokens: int = 2048  # whole trajectory: prompt + actions + observations
-    batch_size: int = 64  # sequences per generation call
+    batch_size: int = 64  # sequences per generation call (rows of the continuous batch)
+    # episode: each episode advances on its own through a continuous batch (an action that ends goes to the
+    # environment, its next action joins the batch while others decode); turn: one batched generation per turn
+    loop: Literal["episode", "turn"] = "episode"
     # keyword arguments of the backend, e.g. vllm: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2,
     # enable_sleep_mode: true, max_model_len: 8192}
     backend_args: dict[str, Any] = field(default_factory=dict)

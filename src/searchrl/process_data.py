@@ -193,7 +193,13 @@ def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
     torch.manual_seed(exp.seed)
     rt = Runtime(exp)
     policy, tok = load_model_and_tokenizer(model)
-    gen = HFGenerator(policy.eval(), tok, rt.env().tags.stop_strings, batch_size=exp.rollout.batch_size)
+    gen = HFGenerator(
+        policy.eval(),
+        tok,
+        rt.env().tags.stop_strings,
+        batch_size=exp.rollout.batch_size,
+        continuous=exp.rollout.loop == "episode",
+    )
     pairs, records, summary = collect(rt, gen, tok, progress=progress)
     save(Path(exp.process_data.out), pairs, records, summary, exp, model)
     return summary

@@ -175,3 +175,30 @@ def test_qwen_shape_text_stops_logprobs_and_weight_sync(qwen_shape_dir):
     [g] = gen.generate(prompts[:1], params)
     assert gen.syncs == 2
     assert torch.allclose(torch.tensor(g.logprobs), recompute(model, prompts[0], g, 0.7), atol=2e-3)
+
+
+@pytest.mark.vllm
+def test_the_agent_loop_on_vllm_matches_its_turn_loop(engine, world_bm25, small_world):
+    """Per-episode requests (`VLLMGenerator.stream`) give the greedy trajectories of one batch per turn."""
+    from searchrl.envs.search import SearchEnv
+    from searchrl.rollout.loop import run, start_trajectories
+
+    _, tok, vgen = engine
+    env = SearchEnv(world_bm25, template="short", topk=2, max_turns=3)
+    ex = small_world.examples("test")[:16]
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+    out = []
+    for continuous in (False, True):
+        vgen.continuous = continuous
+        trajs = start_trajectories(env, tok, ex)
+        stats = run(trajs, env, vgen, tok, params, max_total_tokens=300)
+        out.append((trajs, stats))
+    vgen.continuous = True
+    (old, so), (new, sn) = out
+    for a, b in zip(old, new):
+        assert [s.token_ids for s in a.segments] == [s.token_ids for s in b.segments]
+        assert a.finish_reason == b.finish_reason and a.state.actions == b.state.actions
+        for sa, sb in zip(a.segments, b.segments):
+            if sa.logprobs is not None:
+                assert torch.allclose(torch.tensor(sa.logprobs), torch.tensor(sb.logprobs), atol=1e-4)
+    assert (so.tokens_generated, so.actions, so.searches) == (sn.tokens_generated, sn.actions, sn.searches)

@@ -162,6 +162,7 @@ class Trainer:
                 env.tags.stop_strings,
                 batch_size=exp.rollout.batch_size,
                 model_context=lambda: eng.for_generation(self.policy),
+                continuous=exp.rollout.loop == "episode",
                 **exp.rollout.backend_args,
             )
             rewards = RewardPipeline(exp.rewards, {"docs": lambda: {d.id: d for d in rt.corpus}})

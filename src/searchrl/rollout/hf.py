@@ -13,15 +13,18 @@ the whole context, which dominated rollout time (benchmarks/rollout_overhead.py)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from searchrl.rollout.generator import Generation, SamplingParams, split_stops
+
+if TYPE_CHECKING:
+    from searchrl.rollout.continuous import HFStream
 
 
 @dataclass
@@ -39,11 +42,14 @@ class HFGenerator:
         batch_size: int = 64,
         model_context: Callable[[], AbstractContextManager[Any]] | None = None,
         reuse_cache: bool = True,
+        continuous: bool = True,
     ) -> None:
         """``model_context``: entered around generation, yields the module to call (ZeRO-3 gathers there).
-        ``reuse_cache``: keep each episode's KV cache between turns (memory: one cache per live episode)."""
+        ``reuse_cache``: keep each episode's KV cache between turns (memory: one cache per live episode).
+        ``continuous``: the rollout loop advances each episode on its own through `stream` (continuous
+        batching); False: one batched `generate` call per turn."""
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
-        self.reuse_cache = reuse_cache
+        self.reuse_cache, self.continuous = reuse_cache, continuous
         self._saved: dict[Hashable, _Saved] = {}
         self.reused_tokens = 0  # prompt tokens served from a kept cache instead of prefilled (a counter)
         self.model_context = model_context or (lambda: nullcontext(self.model))
@@ -73,6 +79,24 @@ class HFGenerator:
             finally:
                 model.train(was_training)
         return out
+
+    @contextmanager
+    def stream(self, params: SamplingParams) -> Iterator[HFStream]:
+        """A continuous batch (`HFStream`) on the model, for the per-episode agent loop. The model context
+        (ZeRO-3's gather) is entered once for the whole stream."""
+        from searchrl.rollout.continuous import HFStream
+
+        with self.model_context() as model:
+            self.eos_ids |= model_eos_ids(model)
+            was_training = model.training
+            model.eval()
+            s = HFStream(self, model, params)
+            try:
+                with torch.no_grad():
+                    yield s
+            finally:
+                s.close()
+                model.train(was_training)
 
     def release(self, cache_keys: Sequence[Hashable] | None = None) -> None:
         if cache_keys is None:
@@ -158,19 +182,11 @@ class HFGenerator:
         out, mask, last_pos = self._prefill(model, prompts, self._take_saved(keys, prompts))
         cache, logits_last = out.past_key_values, out.logits[:, -1, :]
         for _ in range(params.max_new_tokens):
-            logits = logits_last.float()
-            if params.temperature > 0:
-                logits = logits / params.temperature
-            logp = F.log_softmax(logits, -1)
-            if params.temperature > 0:
-                tok = torch.multinomial(_top_p(logp, params.top_p).exp(), 1).squeeze(-1)
-            else:
-                tok = logp.argmax(-1)
-            tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
+            tok, tok_logp = sample(logits_last, params)
             keep = []
-            for j, (b, t) in enumerate(zip(rows, tok.tolist())):
+            for j, (b, t, lp) in enumerate(zip(rows, tok.tolist(), tok_logp.tolist())):
                 tokens[b].append(t)
-                logps[b].append(tok_logp[j])
+                logps[b].append(lp)
                 if t in self.eos_ids:
                     finish[b] = "eos"
                 elif t in self.stop_ids or self.text_stop(tokens[b]):
@@ -197,6 +213,20 @@ class HFGenerator:
             )
             cache, logits_last = out.past_key_values, out.logits[:, -1, :]
         return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish)]  # type: ignore[arg-type]
+
+
+def sample(logits_last: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token of every row from its last logits (greedy when temperature is 0, else from
+    softmax(logits / T) with nucleus ``top_p``) and its log-probability under that distribution."""
+    logits = logits_last.float()
+    if params.temperature > 0:
+        logits = logits / params.temperature
+    logp = F.log_softmax(logits, -1)
+    if params.temperature > 0:
+        tok = torch.multinomial(_top_p(logp, params.top_p).exp(), 1).squeeze(-1)
+    else:
+        tok = logp.argmax(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
 class TextStop:

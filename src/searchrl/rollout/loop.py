@@ -20,7 +20,7 @@ from typing import Any
 from searchrl.aggregate import Mean, Sum
 from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
-from searchrl.rollout.generator import Generator, SamplingParams
+from searchrl.rollout.generator import Generation, Generator, SamplingParams
 from searchrl.types import Segment, Step, Trajectory
 
 FINISH_REASONS = ("answer", "budget", "eos", "length")  # how an episode can end (Trajectory.finish_reason)
@@ -99,7 +99,15 @@ def run(
     max_steps: int | None = None,
     stats: RolloutStats | None = None,
 ) -> RolloutStats:
-    """Advance every episode until it answers, hits the budget or length, or takes ``max_steps`` actions."""
+    """Advance every episode until it answers, hits the budget or length, or takes ``max_steps`` actions.
+
+    With a continuous generator (``generator.continuous``, a ``stream`` method) each episode advances on its
+    own (`searchrl.rollout.agent_loop`); otherwise in turns: one batched generation for every live episode,
+    then one environment step for all of them."""
+    if getattr(generator, "continuous", False) and hasattr(generator, "stream"):
+        from searchrl.rollout.agent_loop import run_episodes
+
+        return run_episodes(trajs, env, generator, tokenizer, params, max_total_tokens, max_steps, stats)
     stats = stats or RolloutStats()
     t0 = time.perf_counter()
     taken = [0] * len(trajs)
@@ -107,54 +115,102 @@ def run(
     rendered: dict[str, list[int]] = {}  # re-rendered states tokenized once (k candidates share one)
     try:
         while True:
-            live = []
-            for i, t in enumerate(trajs):
-                if t.state is None or t.state.done or (max_steps is not None and taken[i] >= max_steps):
-                    continue
-                if not env.append_only and t.state.actions:  # RAG-Gym ReSearch: restart from the new state
-                    text = env.render(t.state)
-                    if text not in rendered:
-                        rendered[text] = encode(tokenizer, text)
-                    t.segments, t.steps = [Segment("prompt", rendered[text])], []
-                if len(t) >= max_total_tokens - 1:
-                    t.state.done, t.finish_reason = True, "length"
-                    continue
-                live.append(i)
+            live = [
+                i
+                for i, t in enumerate(trajs)
+                if (
+                    max_steps is None or taken[i] < max_steps
+                )  # first: a finished candidate keeps its segments
+                and ready(t, env, tokenizer, max_total_tokens, rendered)
+            ]
             if not live:
                 break
             budget = min(params.max_new_tokens, min(max_total_tokens - len(trajs[i]) for i in live))
             gens = generator.generate(
                 [trajs[i].token_ids for i in live], _with_max(params, budget), [keys[i] for i in live]
             )
-            texts = [tokenizer.decode(g.token_ids) for g in gens]  # decoded to parse, never re-tokenized
-            ended = [g.finish != "stop" or not g.token_ids for g in gens]
-            stopped = [not e for e in ended]  # at a closing tag, which may end inside the last token
-            results = env.step_batch([trajs[i].state for i in live], texts, ended, stopped)  # type: ignore[misc]
-            for i, g, (obs, done, info) in zip(live, gens, results):
-                t = trajs[i]
-                taken[i] += 1
-                if g.token_ids:  # an empty generation (never from our backends) has no tokens to train on
-                    t.segments.append(Segment("action", g.token_ids, g.logprobs))
-                    t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t) - 1, info=info))
-                if obs and env.append_only:
-                    t.segments.append(Segment("observation", encode(tokenizer, obs)))
-                stats.tokens_generated += len(g.token_ids)
-                t.state.generated_tokens += len(g.token_ids)  # type: ignore[union-attr]
-                stats.actions += 1
-                stats.invalid_actions += not info.valid
-                stats.searches += info.kind == "search" and info.valid
-                if done:
-                    t.finish_reason = "length" if g.finish == "length" else t.state.finish_reason  # type: ignore[union-attr]
+            for i in step_env(list(zip(live, gens)), trajs, env, tokenizer, stats, taken):
+                if trajs[i].state.done:  # type: ignore[union-attr]
                     generator.release([keys[i]])
     finally:
         generator.release(keys)  # the weights change before the next call
+    finish(trajs, stats, t0)
+    return stats
+
+
+def step_env(
+    actions: list[tuple[int, Generation]],
+    trajs: list[Trajectory],
+    env: SearchEnv,
+    tokenizer: Any,
+    stats: RolloutStats,
+    taken: list[int],
+) -> list[int]:
+    """One environment step (one batched retrieval) for these (episode index, action) pairs, in episode
+    order, each recorded into its trajectory; the indices stepped."""
+    actions = sorted(actions, key=lambda x: x[0])
+    gens = [g for _, g in actions]
+    texts = [tokenizer.decode(g.token_ids) for g in gens]  # decoded to parse, never re-tokenized
+    ended = [g.finish != "stop" or not g.token_ids for g in gens]
+    stopped = [not e for e in ended]  # at a closing tag, which may end inside the last token
+    results = env.step_batch([trajs[i].state for i, _ in actions], texts, ended, stopped)  # type: ignore[misc]
+    for (i, g), (obs, done, info) in zip(actions, results):
+        taken[i] += 1
+        record(trajs[i], g, obs, done, info, env, tokenizer, stats)
+    return [i for i, _ in actions]
+
+
+def ready(
+    t: Trajectory, env: SearchEnv, tokenizer: Any, max_total_tokens: int, rendered: dict[str, list[int]]
+) -> bool:
+    """Whether episode ``t`` takes another action; prepares its context for it. A re-rendered design
+    (RAG-Gym ReSearch) restarts from the rendered state; an episode out of room ends with "length"."""
+    if t.state is None or t.state.done:
+        return False
+    if not env.append_only and t.state.actions:
+        text = env.render(t.state)
+        if text not in rendered:  # k candidates share one rendered state: tokenized once
+            rendered[text] = encode(tokenizer, text)
+        t.segments, t.steps = [Segment("prompt", rendered[text])], []
+    if len(t) >= max_total_tokens - 1:
+        t.state.done, t.finish_reason = True, "length"
+        return False
+    return True
+
+
+def record(
+    t: Trajectory,
+    g: Generation,
+    obs: str | None,
+    done: bool,
+    info: Any,
+    env: SearchEnv,
+    tokenizer: Any,
+    stats: RolloutStats,
+) -> None:
+    """Append a sampled action (ids and log-probs as sampled) and its observation to ``t``; count it."""
+    if g.token_ids:  # an empty generation (never from our backends) has no tokens to train on
+        t.segments.append(Segment("action", g.token_ids, g.logprobs))
+        t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t) - 1, info=info))
+    if obs and env.append_only:
+        t.segments.append(Segment("observation", encode(tokenizer, obs)))
+    stats.tokens_generated += len(g.token_ids)
+    t.state.generated_tokens += len(g.token_ids)  # type: ignore[union-attr]
+    stats.actions += 1
+    stats.invalid_actions += not info.valid
+    stats.searches += info.kind == "search" and info.valid
+    if done:
+        t.finish_reason = "length" if g.finish == "length" else t.state.finish_reason  # type: ignore[union-attr]
+
+
+def finish(trajs: Sequence[Trajectory], stats: RolloutStats, t0: float) -> None:
+    """Count the finished episodes and the time since ``t0``."""
     for t in trajs:
         if t.state is not None and t.state.done:
             stats.episodes += 1
             stats.searches += t.state.prefetched is not None  # the rag design's retrieval with the question
             stats.finish_reasons[t.finish_reason or "unknown"] += 1
     stats.seconds += time.perf_counter() - t0
-    return stats
 
 
 def _with_max(params: SamplingParams, budget: int) -> SamplingParams:

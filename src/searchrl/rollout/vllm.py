@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Hashable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from searchrl.errors import SearchRLError
@@ -54,9 +54,12 @@ class VLLMGenerator:
         enable_sleep_mode: bool = False,
         dtype: str = "auto",
         seed: int = 0,
+        continuous: bool = True,
     ) -> None:
+        """``continuous``: the rollout loop sends each episode's actions as their own requests (`stream`);
+        False: one batched `generate` call per turn."""
         vllm = _import_vllm()
-        self.policy, self.tokenizer = model, tokenizer
+        self.policy, self.tokenizer, self.continuous = model, tokenizer, continuous
         self.model_context = model_context or (lambda: nullcontext(self.policy))
         self.sleep = enable_sleep_mode
         self.eos_ids = {i for i in [tokenizer.eos_token_id] if i is not None}
@@ -125,10 +128,27 @@ class VLLMGenerator:
     ) -> list[Generation]:
         if self.stale:
             self.sync()
+        sp = self._sampling(params, params.max_new_tokens)
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        return [self._generation(o.outputs[0]) for o in outs]
+
+    @contextmanager
+    def stream(self, params: SamplingParams) -> Iterator[VLLMStream]:
+        """Per-episode requests to the engine (`VLLMStream`): vLLM schedules tokens across episodes and
+        turns, and an episode's next turn reuses its prefix from the prefix cache."""
+        if self.stale:
+            self.sync()
+        s = VLLMStream(self, params)
+        try:
+            yield s
+        finally:
+            s.close()
+
+    def _sampling(self, params: SamplingParams, max_new_tokens: int) -> Any:
         sp = self._vllm.SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
-            max_tokens=params.max_new_tokens,
+            max_tokens=max_new_tokens,
             logprobs=0,
             stop_token_ids=sorted(self.stop_ids | self.eos_ids),
             stop=self.stop_texts or None,
@@ -136,8 +156,13 @@ class VLLMGenerator:
             skip_special_tokens=False,
             detokenize=bool(self.stop_texts),
         )
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
-        return [self._generation(o.outputs[0]) for o in outs]
+        try:  # only the finished output of each request, not one per token
+            from vllm.sampling_params import RequestOutputKind
+
+            sp.output_kind = RequestOutputKind.FINAL_ONLY
+        except ImportError:  # older vLLM: cumulative outputs, the finished one is complete too
+            pass
+        return sp
 
     def _generation(self, o: Any) -> Generation:
         ids = list(o.token_ids)
@@ -177,6 +202,39 @@ class VLLMGenerator:
         self.llm.reset_prefix_cache()
         self.stale = False
         self.syncs += 1
+
+
+class VLLMStream:
+    """Requests in, finished generations out, on the engine of a `VLLMGenerator` (its ``llm_engine``):
+    ``add`` submits one request, ``step`` runs one engine step (vLLM's continuous batching over every
+    request in flight) and returns the requests that finished."""
+
+    def __init__(self, gen: VLLMGenerator, params: SamplingParams) -> None:
+        self.gen, self.params, self.engine = gen, params, gen.llm.llm_engine
+        self.keys: dict[str, Hashable] = {}  # request id -> key
+        self.count = 0
+
+    def add(self, key: Hashable, prompt: list[int], max_new_tokens: int | None = None) -> None:
+        n = self.params.max_new_tokens if max_new_tokens is None else max(1, max_new_tokens)
+        rid = f"searchrl-{id(self)}-{self.count}"
+        self.count += 1
+        self.keys[rid] = key
+        self.engine.add_request(rid, {"prompt_token_ids": list(prompt)}, self.gen._sampling(self.params, n))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def step(self) -> list[tuple[Hashable, Generation]]:
+        done = []
+        for o in self.engine.step():
+            if getattr(o, "finished", False) and o.request_id in self.keys:
+                done.append((self.keys.pop(o.request_id), self.gen._generation(o.outputs[0])))
+        return done
+
+    def close(self) -> None:
+        if self.keys:
+            self.engine.abort_request(list(self.keys))
+            self.keys.clear()
 
 
 def _peft_weights(lm: Any) -> Any:
