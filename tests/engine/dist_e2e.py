@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import pickle
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -169,14 +171,29 @@ def instrument(tr: Any) -> dict[str, list[Any]]:
     collect = tr.algo.collect
     gen = tr.ctx.generator
     calls = [0]
-    if gen is not None:
-        generate = gen.generate
+    if gen is not None:  # turns of the turn loop, or decode steps of the continuous batch
+        generate, stream = gen.generate, getattr(gen, "stream", None)
 
         def counted(*a: Any, **kw: Any) -> Any:
             calls[0] += 1
             return generate(*a, **kw)
 
+        @contextmanager
+        def counted_stream(*a: Any, **kw: Any) -> Iterator[Any]:
+            assert stream is not None
+            with stream(*a, **kw) as s:
+                step = s.step
+
+                def counted_step() -> Any:
+                    calls[0] += 1
+                    return step()
+
+                s.step = counted_step
+                yield s
+
         gen.generate = counted
+        if stream is not None:
+            gen.stream = counted_stream
 
     def recorded(indices: list[int]) -> Any:
         calls[0] = 0

@@ -125,8 +125,8 @@ def test_every_algorithm_finishes_and_processes_agree(run, case):
 
 def test_rollouts_differ_between_processes(run):
     """The point of these tests: real rollouts differ per process. Here they differ in questions in every
-    online case, and in the number of generation calls (turns) in some; with the old per-call parameter
-    gather under ZeRO-3 the latter alone deadlocked."""
+    online case, and in the number of generation calls (decode steps of the continuous batch, or turns of the
+    turn loop) in some; with the old per-call parameter gather under ZeRO-3 the latter alone deadlocked."""
     _, out = run
     calls_differ = False
     for case in dist_e2e.ONLINE:

@@ -11,6 +11,7 @@ from searchrl.engine.metrics import read_metrics
 from tests.engine.test_trainer import trainer_for
 
 UNSTABLE_LR = 0.05  # 50x a sane rate for this model: the policy's entropy falls to ~0 within a few steps
+WARMUP = 2  # the rate rises linearly over the first steps, so that the run is healthy before it collapses
 ENTROPY = GuardConfig(metric="entropy", min=0.5, window=2)
 
 
@@ -26,6 +27,7 @@ def run(make_exp, agent_model_dir, guards: GuardsConfig, steps: int = 8):
         save_every=1,
         keep_checkpoints=3,
         guards=guards,
+        warmup_steps=WARMUP,
     )
     return exp, trainer_for(exp, "grpo", cfg, args={"kl_coef": 0.0})
 
@@ -59,7 +61,7 @@ def test_an_unstable_run_collapses_without_guards(make_exp, agent_model_dir):
     exp, tr = run(make_exp, agent_model_dir, GuardsConfig())
     tr.run()
     ent = [r["train/entropy"] for r in read_metrics(exp.out / "metrics.jsonl")]
-    assert ent[0] > 1.0 and min(ent[-3:]) < 0.1, ent  # healthy at first, then collapsed
+    assert ent[0] > 1.0 and max(ent[-3:]) < 0.25, ent  # healthy at first, then collapsed
     assert not (exp.out / "guards.json").exists()
 
 
