@@ -5,7 +5,7 @@ import torch
 
 from searchrl.models import load_model_and_tokenizer
 from searchrl.rollout.generator import SamplingParams
-from searchrl.rollout.hf import HFGenerator, _top_p
+from searchrl.rollout.hf import HFGenerator, _draw, _top_p, last_logits_only
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,42 @@ def test_multi_token_stop_strings_are_matched_on_text(model_tok):
     gen = HFGenerator(Scripted(nxt, len(tok)), tok, stop_strings=("</stop>",))
     [out] = gen.generate([[1]], SamplingParams(temperature=0.0, max_new_tokens=20))
     assert out.finish == "stop" and out.token_ids == ids
+
+
+def test_draws_follow_each_rows_distribution():
+    """Inverse-CDF sampling: frequencies match each row's probabilities (4 standard errors), tokens of zero
+    mass (nucleus-filtered, -inf) are never drawn, and a one-hot row always gives its token."""
+    logp = torch.log_softmax(torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5], [3.0, 0.0, 0.0, 0.0, 0.0]]), -1)
+    logp[0, 3] = float("-inf")
+    logp = torch.log_softmax(logp, -1)
+    one_hot = torch.full((1, 5), float("-inf"))
+    one_hot[0, 4] = 0.0
+    n = 40_000
+    rows = torch.cat([logp.repeat_interleave(n, 0), one_hot.repeat(100, 1)])
+    torch.manual_seed(0)
+    tok = _draw(rows)
+    for r in range(2):
+        freq = torch.bincount(tok[r * n : (r + 1) * n], minlength=5).double() / n
+        p = logp[r].exp().double()
+        assert ((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-12).all(), (freq, p)
+    assert (tok[:n] != 3).all() and (tok[2 * n :] == 4).all()
+
+
+def test_prefill_keeps_only_the_last_logits_where_the_model_allows(model_tok):
+    """A prefill builds (rows, 1, vocabulary) logits for transformers' models, under peft too; a model whose
+    forward does not take ``logits_to_keep`` gets none (and returns every position)."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = model_tok
+    assert last_logits_only(model) == {"logits_to_keep": 1}
+    peft = get_peft_model(
+        load_model_and_tokenizer(model.name_or_path)[0], LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    assert last_logits_only(peft) == {"logits_to_keep": 1}
+    assert last_logits_only(Scripted({}, 8)) == {}
+    gen = HFGenerator(model, tok)
+    out, _, _ = gen._prefill(model, [tok("Question: a b c\n")["input_ids"]] * 2, [None, None])
+    assert out.logits.shape[:2] == (2, 1)
 
 
 def test_top_p_keeps_the_nucleus():

@@ -113,7 +113,7 @@ def test_after_a_training_step_the_engine_serves_the_updated_policy(make_exp, sm
     )
     tr = Trainer(
         algorithm="grpo",
-        algorithm_args={"kl_coef": 0.0},
+        algorithm_args={"kl_coef": 0.0, "group_size": 4},
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
