@@ -25,7 +25,8 @@ PAIRS = Requirements(samples_per_item=2, online=False, data="pairs", rows="pairs
     [
         ("grpo", {"group_size": 6}, Requirements(samples_per_item=6, reference=True)),
         ("grpo", {"kl_coef": 0.0}, Requirements(samples_per_item=5)),  # ReSearch's 5 rollouts, no π_ref
-        ("ppo", {}, Requirements(samples_per_item=1, reference=True, value_head=True)),
+        ("grpo", {"kl_in": "reward"}, Requirements(samples_per_item=5, reference=True, old_in_prepare=True)),
+        ("ppo", {}, Requirements(samples_per_item=1, reference=True, value_head=True, old_in_prepare=True)),
         (
             "steppo",
             {"group_size": 2, "detach_value_trunk": True},
@@ -35,6 +36,7 @@ PAIRS = Requirements(samples_per_item=2, online=False, data="pairs", rows="pairs
                 value_head=True,
                 detach_value_trunk=True,
                 process_reward=True,
+                old_in_prepare=True,  # PPO's KL penalty is in the reward by default
             ),
         ),
         ("slate", {"k": 3}, Requirements(samples_per_item=3 * 4, reference=True)),  # k · (max_turns + 1)

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -138,6 +139,36 @@ def test_grpo_lora_trains_the_adapter_only(make_exp):
     ):
         assert key in row and row[key] == row[key], key  # present and not NaN
     assert row["rollout/logprob_abs_diff"] < 1e-3  # sampler and trainer agree on the log-probs
+
+
+def test_one_update_per_batch_takes_pi_old_from_the_update_itself(make_exp, tmp_path):
+    """With one optimizer update per rollout batch, π_old is the policy being updated: the step skips the
+    no-grad π_old pass and gives the update (weights, loss, KL, sampler agreement) of a step that makes it."""
+    exp = make_exp("rollout.temperature=1.0", "rewards=[{name: test_trainer_length}]")
+    cfg = TrainerConfig(steps=1, batch_size=4, micro_batch_size=8, lr=5e-3, save_every=10**6)
+    out = {}
+    for pass_ in (False, True):
+        tr = trainer_for(exp, "grpo", cfg, args={"kl_coef": 0.05}, out=tmp_path / str(pass_))
+        assert not tr.old_pass
+        tr.old_pass = pass_
+        calls: list[int] = []
+
+        def counted(*a, calls=calls, no_grad=tr._no_grad_pass, **k):
+            calls.append(1)
+            return no_grad(*a, **k)
+
+        tr._no_grad_pass = counted
+        torch.manual_seed(0)
+        out[pass_] = tr.step(0), state(tr.policy), len(calls)
+    (m0, w0, n0), (m1, w1, n1) = out[False], out[True]
+    assert (n0, n1) == (1, 2)  # the reference pass only, against reference and π_old
+    assert m0["rollout/tokens_generated"] == m1["rollout/tokens_generated"]  # the same episodes
+    for k in ("train/loss", "train/kl", "train/clip_frac", "rollout/logprob_abs_diff"):
+        assert m0[k] == pytest.approx(m1[k], abs=1e-5), k
+    assert m0["rollout/logprob_abs_diff"] < 1e-4
+    assert all(torch.allclose(w0[k], w1[k], atol=1e-6) for k in w0)
+    ppo = trainer_for(exp, "ppo", cfg, out=tmp_path / "ppo")  # GAE reads the old values first
+    assert ppo.old_pass and trainer_for(exp, "grpo", replace(cfg, epochs=2), out=tmp_path / "e2").old_pass
 
 
 def test_resume_repeats_an_uninterrupted_run(make_exp, tmp_path, monkeypatch):

@@ -32,7 +32,12 @@ class Requirements:
     online: bool = True  # collects with the rollout loop (False: trains on given records)
     data: Literal["trajectories", "pairs"] | None = None  # offline data: SFT records or preference pairs
     rows: Literal["single", "pairs"] = "single"  # "pairs": (chosen, rejected) rows that share a micro-batch
-    old_logprobs: bool = True  # a no-grad pass for π_old before the updates
+    old_logprobs: bool = True  # the loss uses π_old, the policy that sampled (the clipped ratio)
+    # π_old is read before the updates too (a KL penalty in the reward); with a value head, old values are
+    # always read then (GAE). Otherwise, when a rollout batch gets exactly one optimizer update, π_old is the
+    # policy being updated and the trainer takes its log-probs from the update's own forward, detached,
+    # instead of a separate no-grad pass (as TRL does with num_iterations=1)
+    old_in_prepare: bool = False
     reference: bool = False  # a frozen reference model (a KL term, or DPO's implicit reward)
     value_head: bool = False  # a scalar head on the policy (`PolicyWithValue`): PPO's critic, the PRM
     detach_value_trunk: bool = False  # the value loss trains the head only

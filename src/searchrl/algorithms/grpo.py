@@ -63,7 +63,11 @@ class GRPO(Algorithm):
 
     @classmethod
     def requires(cls, config: GRPOConfig, env: EnvConfig) -> Requirements:
-        return Requirements(samples_per_item=config.group_size, reference=config.kl_coef > 0)
+        return Requirements(
+            samples_per_item=config.group_size,
+            reference=config.kl_coef > 0,
+            old_in_prepare=config.kl_in == "reward" and config.kl_coef > 0,
+        )
 
     @property
     def kl_coef(self) -> float:

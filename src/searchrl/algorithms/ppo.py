@@ -87,6 +87,7 @@ class PPO(Algorithm):
             reference=config.kl_coef > 0,
             value_head=True,
             detach_value_trunk=config.detach_value_trunk,
+            old_in_prepare=config.kl_in == "reward" and config.kl_coef > 0,
         )
 
     def __init__(self, config: Any, ctx: Any) -> None:

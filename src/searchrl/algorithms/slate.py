@@ -100,7 +100,11 @@ class SLATE(GRPO):
     def requires(cls, config: SLATEConfig, env: EnvConfig) -> Requirements:  # type: ignore[override]
         """Up to k candidates at each of the B steps of a question: k·B rows per question."""
         k_b = config.k * budget_of(config, env.max_turns)
-        return Requirements(samples_per_item=k_b, reference=config.kl_coef > 0)
+        return Requirements(
+            samples_per_item=k_b,
+            reference=config.kl_coef > 0,
+            old_in_prepare=config.kl_in == "reward" and config.kl_coef > 0,
+        )
 
     def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         c, cfg = self.ctx, self.cfg

@@ -128,6 +128,11 @@ class Trainer:
         self.reference = (
             Reference(self.policy, eng, str(model_path), exp.model.dtype) if req.reference else None
         )
+        # π_old from a no-grad pass before the updates, or, when each rollout batch gets one optimizer update
+        # and nothing reads π_old before it, from that update's own forward (the same weights), detached
+        self.old_pass = req.old_logprobs and (
+            req.old_in_prepare or req.value_head or cfg.epochs * cfg.mini_batches > 1
+        )
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = self._resume() if resume else 0
@@ -233,6 +238,14 @@ class Trainer:
                 vals[idx, :width] = v
         return out * batch.loss_mask, None if vals is None else vals * batch.loss_mask
 
+    def _compare_sampler(self, logp: torch.Tensor, batch: RolloutBatch) -> None:
+        """Accumulate |sampled − recomputed| log-probs over ``batch``'s action tokens."""
+        diff = (logp - batch.sampled_logprobs).abs() * batch.loss_mask
+        d = self._sampler_diff
+        d[0] += float(diff.sum())
+        d[1] += float(batch.loss_mask.sum())
+        d[2] = max(d[2], float(diff.max())) if diff.numel() else d[2]
+
     def _length_order(self, batch: RolloutBatch) -> list[int]:
         """Rows by length (less padding per micro-batch); pairs stay adjacent, by their longer row."""
         lengths = batch.attention_mask.sum(-1)
@@ -258,6 +271,9 @@ class Trainer:
                 logp, ent, values = self._logprobs(
                     self.policy, mb, self.cfg.log_entropy, self.req.value_head, algo.softmax_negatives
                 )
+                if self.req.old_logprobs and not self.old_pass:  # one update per batch: π_old is π_θ now
+                    mb.extras["old_logp"] = logp.detach()
+                    self._compare_sampler(mb.extras["old_logp"], mb)
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
@@ -298,18 +314,15 @@ class Trainer:
         t_collect = time.perf_counter() - t0
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
         local: dict[str, float] = {**collect_metrics}
-        if self.req.old_logprobs:
+        self._sampler_diff = [0.0, 0.0, 0.0]  # |sampled − recomputed log-prob|: sum, tokens, max
+        if self.old_pass:
             with eng.phase("old log-probs", step):
                 batch.extras["old_logp"], old_values = self._no_grad_pass(
                     self.policy, batch, self.req.value_head
                 )
             if old_values is not None:
                 batch.extras["old_values"] = old_values
-            # the sampler's log-probs against the trainer's recompute: stale or mismatched weights show here
-            diff = (batch.extras["old_logp"] - batch.sampled_logprobs).abs() * batch.loss_mask
-            local["rollout/logprob_abs_diff"] = Mean(float(diff.sum()), float(batch.loss_mask.sum()))
-            if diff.numel():
-                local["rollout/logprob_max_diff"] = Max(float(diff.max()))
+            self._compare_sampler(batch.extras["old_logp"], batch)
         if self.reference is not None:
             with eng.phase("reference log-probs", step), self.reference.model() as ref:
                 batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)[0]
@@ -327,6 +340,11 @@ class Trainer:
                     order = torch.stack([2 * pairs, 2 * pairs + 1], 1).flatten()
                 for chunk in order.chunk(cfg.mini_batches):
                     self._update(batch.select(chunk.tolist()), sums)
+        if self.req.old_logprobs:
+            # the sampler's log-probs against the trainer's recompute: stale or mismatched weights show here
+            total, tokens, worst = self._sampler_diff
+            local["rollout/logprob_abs_diff"] = Mean(total, tokens)
+            local["rollout/logprob_max_diff"] = Max(worst)
         if self.ctx.generator is not None:
             self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
         trained = batch.loss_mask.sum(-1) > 0  # rows with loss tokens (padding rows have none)
