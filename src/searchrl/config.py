@@ -157,6 +157,7 @@ class LoraConfig:
 class ModelConfig:
     path: str | None = None  # local directory or hub id; None builds the local `size` model
     size: Literal["tiny", "small", "base", "qwen2.5-0.5b"] = "small"
+    layers: int | None = None  # the local model's transformer layers; None: the size's own
     # the local model's tokenizer: "local" is trained on the synthetic world (every tag one special token);
     # "qwen2.5" is Qwen2.5's real vocabulary (tags are text), from the qwen extra
     tokenizer: Literal["local", "qwen2.5"] = "local"
@@ -330,6 +331,7 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "max_query_chars": _AT_LEAST_1,
         "doc_max_words": _AT_LEAST_1,
     },
+    "ModelConfig": {"layers": _AT_LEAST_1},
     "LoraConfig": {"r": _AT_LEAST_1, "alpha": _POSITIVE, "dropout": (lambda v: 0 <= v < 1, "in [0, 1)")},
     "RolloutConfig": {
         "temperature": _AT_LEAST_0,

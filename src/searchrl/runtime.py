@@ -178,8 +178,11 @@ def local_model_dir(rt: Runtime) -> Path:
         return Path(m.path)
     if rt.world is None:
         raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
-    out = rt.world_dir / (f"model-{m.size}" if m.tokenizer == "local" else f"model-{m.size}-{m.tokenizer}")
+    name = f"model-{m.size}" + (f"-{m.layers}layers" if m.layers is not None else "")
+    out = rt.world_dir / (name if m.tokenizer == "local" else f"{name}-{m.tokenizer}")
     if not has_weights(out):
         texts = tokenizer_texts(rt.world, rt.env()) if m.tokenizer == "local" else []
-        build_local_model(m.size, texts, out, seed=rt.exp.seed, tokenizer=m.tokenizer, tags=ALL_TAG_STRINGS)
+        build_local_model(
+            m.size, texts, out, seed=rt.exp.seed, tokenizer=m.tokenizer, tags=ALL_TAG_STRINGS, layers=m.layers
+        )
     return out

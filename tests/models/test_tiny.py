@@ -37,6 +37,13 @@ def test_small_size_parameter_count(tmp_path, small_world, world_bm25):
     path = build_local_model("small", texts, tmp_path, seed=0, tags=ALL_TAG_STRINGS)
     model, _ = load_model_and_tokenizer(path)
     assert 500_000 <= count_parameters(model) <= 1_200_000  # ~0.8M with the 3072-token vocabulary
+    deeper = build_local_model("small", texts, tmp_path / "l4", seed=0, tags=ALL_TAG_STRINGS, layers=4)
+    model4, _ = load_model_and_tokenizer(deeper)
+    assert model4.config.num_hidden_layers == 4 and model.config.num_hidden_layers == 2
+    per_layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    assert count_parameters(model4) == count_parameters(model) + 2 * per_layer
+    with pytest.raises(ValueError, match="model.layers must be at least 1"):
+        build_local_model("small", texts, tmp_path / "l0", layers=0)
 
 
 def test_bad_paths_and_sizes(tmp_path):

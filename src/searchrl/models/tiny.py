@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from searchrl.errors import DataError
@@ -114,12 +114,17 @@ def build_local_model(
     seed: int = 0,
     tokenizer: str = "local",
     tags: Sequence[str] = (),
+    layers: int | None = None,
 ) -> Path:
     """Build a model of ``size`` with a tokenizer and save both to ``out_dir``. ``tokenizer``: ``local``
     trains one on ``texts``, every string of ``tags`` one special token (pass `envs.tags.ALL_TAG_STRINGS`);
-    ``qwen2.5`` is Qwen2.5's real vocabulary (tags are text; ``texts`` and ``tags`` are not read)."""
+    ``qwen2.5`` is Qwen2.5's real vocabulary (tags are text; ``texts`` and ``tags`` are not read).
+    ``layers``: that many transformer layers instead of the size's."""
     if size not in SIZES:
         raise DataError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
+    if layers is not None and layers < 1:
+        raise DataError(f"model.layers must be at least 1, got {layers}")
+    spec = SIZES[size] if layers is None else replace(SIZES[size], num_hidden_layers=layers)
     if tokenizer not in TOKENIZERS:
         raise DataError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
     if size.startswith("qwen") and tokenizer == "local":
@@ -127,16 +132,16 @@ def build_local_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer == "local":
-        tok = train_tokenizer(texts, SIZES[size].vocab_size, tags=tags)
-        model = build_model(size, tok, seed=seed)
+        tok = train_tokenizer(texts, spec.vocab_size, tags=tags)
+        model = build_model(spec, tok, seed=seed)
     else:
         from searchrl.models.qwen import VOCAB_ROWS, end_of_turn_ids, qwen_tokenizer
 
         tok = qwen_tokenizer(name=tokenizer)
-        model = build_model(size, tok, seed=seed, vocab_rows=VOCAB_ROWS, eos_ids=end_of_turn_ids(tok))
+        model = build_model(spec, tok, seed=seed, vocab_rows=VOCAB_ROWS, eos_ids=end_of_turn_ids(tok))
     tok.save_pretrained(str(out))
     model.save_pretrained(str(out))
-    card = {"size": size, "seed": seed, "tokenizer": tokenizer, **asdict(SIZES[size])}
+    card = {"size": size, "seed": seed, "tokenizer": tokenizer, **asdict(spec)}
     (out / "searchrl_model.json").write_text(json.dumps(card, indent=1), encoding="utf-8")
     return out
 
