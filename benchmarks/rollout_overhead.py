@@ -1,17 +1,27 @@
-"""Rollout overhead: tokens/s of the full multi-turn search loop (BM25, observations appended, env parsing)
-against plain batched `model.generate` of the same model, batch size and number of generated tokens.
+"""Rollout overhead: tokens/s of the multi-turn search loop (BM25, observations appended, env parsing) in both
+loops (``episode``: each episode advances on its own through a continuous batch; ``turn``: one batched
+generation per turn), against plain batched generation of the same model, batch size and number of
+generated tokens (no environment, no observations: the ceiling).
 
-    python benchmarks/rollout_overhead.py --model runs/quickstart/sft/final --batch 64
+    python benchmarks/rollout_overhead.py --model runs/quickstart/sft/final --batch 16 64 256
+    .venv-vllm/bin/python benchmarks/rollout_overhead.py --backend vllm --model runs/quickstart/sft/final
 
-Uses the quickstart's world and environment settings. Target: loop >= 0.8x plain generate.
+HF: the ceiling is transformers' `generate` (and, for reference, our own decode loop with no stops). vLLM
+(run in the environment .ci/vllm builds): the ceiling is vLLM's own `generate` with ``min_tokens`` equal to
+``max_tokens``. Also: model forward calls and rows per call (HF), turns per episode, and how rollout time
+grows with batch size and with the turn budget (``--turns``). Target (issue 19): episode loop >= 0.9x the
+ceiling at batch 64 and 256. Writes benchmarks/results/rollout_overhead-<backend>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,92 +35,211 @@ from searchrl.runtime import Runtime
 REPO = Path(__file__).resolve().parents[1]
 
 
+class Forwards:
+    """Counts a model's forward calls and the rows they carry (a pre-hook: the model is called unwrapped,
+    so it keeps every argument it supports, e.g. ``logits_to_keep``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = self.rows = 0
+        model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, _m: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.calls += 1
+        self.rows += 0 if ids is None else ids.shape[0]
+
+    def reset(self) -> None:
+        self.calls = self.rows = 0
+
+
+def hf_plain(model: Any, tok: Any, prompts: list[list[int]], n: int, temperature: float) -> float:
+    """Seconds for transformers' `generate` to sample exactly ``n`` tokens for every prompt."""
+    L = max(len(x) for x in prompts)
+    ids = torch.full((len(prompts), L), tok.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, x in enumerate(prompts):
+        ids[i, L - len(x) :] = torch.tensor(x)
+        mask[i, L - len(x) :] = 1
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            pad_token_id=tok.pad_token_id,
+        )
+    assert out.shape[1] - L == n
+    return time.perf_counter() - t
+
+
+def own_plain(model: Any, tok: Any, prompts: list[list[int]], n: int, temperature: float) -> float:
+    """Seconds for our HF decode loop (`HFGenerator.generate`, no stop tags, EOS ignored) to sample ``n``
+    tokens for every prompt: the loop's own decode speed without the environment."""
+    gen = HFGenerator(model, tok, (), batch_size=len(prompts), continuous=False)
+    gen.eos_ids = set()
+    t = time.perf_counter()
+    out = gen.generate(prompts, SamplingParams(temperature, 1.0, n))
+    assert all(len(g.token_ids) == n for g in out)
+    return time.perf_counter() - t
+
+
+def vllm_plain(gen: Any, prompts: list[list[int]], n: int, temperature: float) -> float:
+    """Seconds for vLLM's own `generate` to sample exactly ``n`` tokens for every prompt."""
+    sp = gen._vllm.SamplingParams(
+        temperature=temperature, max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False
+    )
+    t = time.perf_counter()
+    out = gen.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == n for o in out)
+    return time.perf_counter() - t
+
+
+def cell(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
+    """The median of ``key`` over repeats, or '-' where that measurement does not have it."""
+    vals = [r[key] for r in rows if key in r]
+    return format(statistics.median(vals), fmt) if vals else "-"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(REPO / "experiments" / "quickstart.yaml"))
     p.add_argument(
         "--model", required=True, help="a trained model directory (e.g. the quickstart's SFT model)"
     )
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    p.add_argument("--batch", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--turns", type=int, nargs="*", default=[1, 2, 3, 5], help="turn budgets at batch 64")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--no-reuse", action="store_true", help="re-prefill the whole context every turn")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = p.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     exp = load_experiment(args.config)
     rt = Runtime(exp)
-    env = rt.env()
     model, tok = load_model_and_tokenizer(args.model)
     model.eval()
-    examples = rt.examples("test")[: args.batch]
-    params = SamplingParams(exp.rollout.temperature, 1.0, exp.rollout.max_new_tokens)
-    gen = HFGenerator(model, tok, env.tags.stop_strings, batch_size=args.batch, reuse_cache=not args.no_reuse)
-    rows = []
-    for r in range(args.repeats):
-        torch.manual_seed(r)
-        t = time.perf_counter()
-        _, stats = rollout(examples, env, gen, tok, params, 1, exp.rollout.max_total_tokens)
-        loop_s = time.perf_counter() - t
-        n_tokens = stats.tokens_generated
-        per_seq = max(1, n_tokens // len(examples))
+    counter = Forwards(model)
+    T = exp.rollout.temperature
+    params = SamplingParams(T, 1.0, exp.rollout.max_new_tokens)
+    test = rt.examples("test")
+    vgen = None
+    if args.backend == "vllm":
+        from searchrl.rollout.vllm import VLLMGenerator
+
+        vgen = VLLMGenerator(
+            model,
+            tok,
+            rt.env().tags.stop_strings,
+            batch_size=max(args.batch),
+            gpu_memory_utilization=0.3,
+            dtype="float32",
+            max_model_len=exp.rollout.max_total_tokens,
+        )
+
+    def generator(batch: int, loop: str, env: Any) -> Any:
+        if vgen is not None:
+            vgen.continuous = loop == "episode"
+            return vgen
+        return HFGenerator(model, tok, env.tags.stop_strings, batch_size=batch, continuous=loop == "episode")
+
+    def measure(batch: int, env: Any) -> dict[str, Any]:
+        examples = (test * (batch // len(test) + 1))[:batch]
         prompts = [encode(tok, env.reset(ex).prompt) for ex in examples]
-        L = max(len(x) for x in prompts)
-        ids = torch.full((len(prompts), L), tok.pad_token_id)
-        mask = torch.zeros_like(ids)
-        for i, x in enumerate(prompts):
-            ids[i, L - len(x) :] = torch.tensor(x)
-            mask[i, L - len(x) :] = 1
-        t = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=per_seq,
-                min_new_tokens=per_seq,
-                do_sample=True,
-                temperature=params.temperature,
-                pad_token_id=tok.pad_token_id,
-            )
-        plain_s = time.perf_counter() - t
-        plain_tokens = (out.shape[1] - L) * len(prompts)
-        rows.append(
-            {
-                "loop_tokens": n_tokens,
-                "loop_s": loop_s,
-                "loop_tok_s": n_tokens / loop_s,
-                "plain_tokens": plain_tokens,
-                "plain_s": plain_s,
-                "plain_tok_s": plain_tokens / plain_s,
-                "turns_per_episode": stats.actions / max(stats.episodes, 1),
-            }
-        )
-    best = {k: max(r[k] for r in rows) for k in ("loop_tok_s", "plain_tok_s")}
-    ratio = best["loop_tok_s"] / best["plain_tok_s"]
-    print(f"batch {args.batch}, model {args.model}, KV reuse across turns: {not args.no_reuse}")
-    print(
-        "| run | loop tokens | loop tok/s | plain tokens | plain tok/s | turns/episode |\n|---|---|---|---|---|---|"
-    )
-    for i, r in enumerate(rows):
+        rows = []
+        for r in range(args.repeats):
+            row: dict[str, Any] = {}
+            for loop in ("episode", "turn"):
+                gen = generator(batch, loop, env)
+                torch.manual_seed(r)
+                counter.reset()
+                t = time.perf_counter()
+                _, stats = rollout(examples, env, gen, tok, params, 1, exp.rollout.max_total_tokens)
+                s = time.perf_counter() - t
+                row[loop] = {
+                    "tokens": stats.tokens_generated,
+                    "s": s,
+                    "tok_s": stats.tokens_generated / s,
+                    "turns_per_episode": stats.actions / max(stats.episodes, 1),
+                }
+                if vgen is None:  # the HF model's forward calls (vLLM runs its own copy of the weights)
+                    row[loop]["forwards"] = counter.calls
+                    row[loop]["rows_per_forward"] = counter.rows / max(counter.calls, 1)
+            n = max(1, round(row["episode"]["tokens"] / batch))  # the episode loop's tokens, in one turn
+            torch.manual_seed(r)
+            if vgen is not None:
+                s = vllm_plain(vgen, prompts, n, T)
+                row["plain"] = {"tokens": n * batch, "s": s, "tok_s": n * batch / s}
+            else:
+                counter.reset()
+                s = hf_plain(model, tok, prompts, n, T)
+                row["plain"] = {
+                    "tokens": n * batch,
+                    "s": s,
+                    "tok_s": n * batch / s,
+                    "forwards": counter.calls,
+                }
+                s = own_plain(model, tok, prompts, n, T)
+                row["own_plain"] = {"tokens": n * batch, "s": s, "tok_s": n * batch / s}
+            rows.append(row)
+        kinds = list(rows[0])
+        med = {k: statistics.median(r[k]["tok_s"] for r in rows) for k in kinds}
+        return {
+            "rows": rows,
+            "median_tok_s": med,
+            "episode_vs_plain": med["episode"] / med["plain"],
+            "turn_vs_plain": med["turn"] / med["plain"],
+            "seconds_episode": statistics.median(r["episode"]["s"] for r in rows),
+        }
+
+    env = rt.env()
+    warm = generator(16, "episode", env)
+    rollout(
+        test[:16], env, warm, tok, params, 1, exp.rollout.max_total_tokens
+    )  # BM25's JIT, allocator, engine
+    result: dict[str, Any] = {
+        "backend": args.backend,
+        "threads": torch.get_num_threads(),
+        "model": args.model,
+        "parameters": sum(x.numel() for x in model.parameters()),
+        "repeats": args.repeats,
+        "batches": {},
+        "turn_budgets": {},
+    }
+    for batch in args.batch:
+        b = result["batches"][batch] = measure(batch, env)
         print(
-            f"| {i} | {r['loop_tokens']} | {r['loop_tok_s']:.0f} | {r['plain_tokens']} | {r['plain_tok_s']:.0f} | "
-            f"{r['turns_per_episode']:.2f} |"
+            f"\nbatch {batch} ({args.backend}, {torch.get_num_threads()} threads, median of {args.repeats})"
         )
-    print(f"best loop / best plain = {ratio:.2f} (target >= 0.8)")
+        print(
+            "| loop | tok/s | s | tokens | forwards | rows/forward | turns/episode |\n|---|---|---|---|---|---|---|"
+        )
+        for k in b["median_tok_s"]:
+            rs = [r[k] for r in b["rows"]]
+            print(
+                f"| {k} | {b['median_tok_s'][k]:.0f} | {statistics.median(x['s'] for x in rs):.2f} | "
+                f"{statistics.median(x['tokens'] for x in rs):.0f} | "
+                f"{cell(rs, 'forwards', '.0f')} | {cell(rs, 'rows_per_forward', '.1f')} | "
+                f"{cell(rs, 'turns_per_episode', '.2f')} |"
+            )
+        print(f"episode / plain = {b['episode_vs_plain']:.2f}, turn / plain = {b['turn_vs_plain']:.2f}")
+    if args.turns:
+        print("\nrollout time by turn budget, batch 64 (episode loop)")
+        print("| env.max_turns | turns/episode | tokens | s | episode / plain |\n|---|---|---|---|---|")
+        for turns in args.turns:
+            budget = copy.copy(env)
+            budget.max_turns = turns
+            t = result["turn_budgets"][turns] = measure(64, budget)
+            rs = [r["episode"] for r in t["rows"]]
+            print(
+                f"| {turns} | {statistics.median(x['turns_per_episode'] for x in rs):.2f} | "
+                f"{statistics.median(x['tokens'] for x in rs):.0f} | {t['seconds_episode']:.2f} | "
+                f"{t['episode_vs_plain']:.2f} |"
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suffix = "-noreuse" if args.no_reuse else ""
-    (out / f"rollout_overhead-b{args.batch}{suffix}.json").write_text(
-        json.dumps(
-            {
-                "rows": rows,
-                "ratio": ratio,
-                "kv_reuse": not args.no_reuse,
-                "threads": torch.get_num_threads(),
-                "reused_prompt_tokens": gen.reused_tokens,
-            },
-            indent=1,
-        )
-    )
+    (out / f"rollout_overhead-{args.backend}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
