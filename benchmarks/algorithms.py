@@ -1,11 +1,18 @@
-"""GRPO vs PPO vs StePPO (StepSearch Table 2 / §4.2) on the synthetic world, from one SFT checkpoint, with the
-same rollout budget per step (16 questions x 8 episodes) and steps, over several RL seeds.
+"""GRPO vs PPO vs StePPO (StepSearch Table 2 / §4.2) vs SLATE on the synthetic world, from one SFT checkpoint,
+over several RL seeds, at an equal generation budget.
 
-    python benchmarks/algorithms.py --sft runs/quickstart/sft/final --seeds 0 1 2 [KEY=VALUE ...]
+    python benchmarks/algorithms.py --sft runs/quickstart/sft/final --seeds 0 1 2 \
+        --steps grpo=60 ppo=60 steppo=60 slate=150 [KEY=VALUE ...]
 
 Each (algorithm, seed) is a `searchrl train experiments/synthetic/<algo>.yaml` run in
-runs/algos-<algo>-seed<S>/ with `warm_start.checkpoint` pointing at the shared SFT model. Reports test EM,
-F1, searches per question and the redundant-search rate (searches whose documents were all seen before).
+runs/algos[-NAME]-<algo>-seed<S>/ with `warm_start.checkpoint` pointing at the shared SFT model; ``--steps``
+sets each algorithm's `trainer.steps` (SLATE samples k candidates of one step where GRPO samples whole
+episodes, so it needs more steps for the same generated tokens: the table's tokens per question shows the
+budgets). Reports test EM, F1, searches per question, the redundant-search rate (searches whose documents were
+all seen before), generated tokens per training question and time per step, mean ± std over seeds; then, from
+the per-question predictions (`searchrl report`'s statistics), a 95% bootstrap interval of EM over questions
+and seeds per algorithm and paired bootstrap tests (same questions, same seeds) of every algorithm against the
+SFT start and of every two algorithms, with p-values. Writes benchmarks/results/NAME.json and NAME.md.
 """
 
 from __future__ import annotations
@@ -32,13 +39,16 @@ def _questions_per_step(run: str) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sft", required=True, help="the SFT model every algorithm starts from")
-    p.add_argument("--algorithms", nargs="+", default=["grpo", "ppo", "steppo"])
+    p.add_argument("--algorithms", nargs="+", default=["grpo", "ppo", "steppo", "slate"])
+    p.add_argument("--steps", nargs="*", default=[], help="ALGO=N: that algorithm's trainer.steps")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--name", default="algorithms", help="results file name; also tags the run directories")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
+    steps = dict(x.split("=", 1) for x in args.steps)
     results: dict[str, dict[int, dict[str, float]]] = {}
+    run_dirs: list[Path] = []
     sft: dict[str, float] = {}
     for algo in args.algorithms:
         config = REPO / "experiments" / "synthetic" / f"{algo}.yaml"
@@ -57,10 +67,12 @@ def main() -> None:
                     f"name={name}",
                     f"seed={s}",
                     f"warm_start.checkpoint={Path(args.sft).resolve()}",
+                    *([f"trainer.steps={steps[algo]}"] if algo in steps else []),
                     *args.overrides,
                 ]
                 print("$", " ".join(cmd), flush=True)
                 subprocess.run(cmd, check=True)
+            run_dirs.append(Path("runs") / name)
             res = json.loads(res_file.read_text())
             stage = next(k for k in res if k not in ("untrained", "sft"))
             results[algo][s] = {m: res[stage][m] for m in METRICS}
@@ -90,13 +102,69 @@ def main() -> None:
             summary[algo][m] = {"mean": statistics.mean(vals), "std": sd, "per_seed": vals}
             cells.append(f"{statistics.mean(vals):.3f} ± {sd:.3f}")
         print(f"| {algo} | " + " | ".join(cells) + " |")
+    stats_md, paired = statistics_of(run_dirs)
+    print("\n" + stats_md)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.md").write_text(stats_md + "\n")
     (out / f"{args.name}.json").write_text(
         json.dumps(
-            {"sft": sft, "summary": summary, "seeds": args.seeds, "overrides": args.overrides}, indent=1
+            {
+                "sft": sft,
+                "summary": summary,
+                "paired": paired,
+                "seeds": args.seeds,
+                "steps": steps,
+                "overrides": args.overrides,
+            },
+            indent=1,
         )
     )
+
+
+def statistics_of(run_dirs: list[Path]) -> tuple[str, list[dict[str, object]]]:
+    """EM intervals per algorithm and stage (the SFT start is every run's ``sft`` stage: the same model, so
+    its rows pool the seeds' evaluations) and paired tests, as markdown and as records."""
+    from searchrl.report import ALPHA, arms, interval
+    from searchrl.stats import align, paired_bootstrap
+
+    groups = {}
+    for d in run_dirs:
+        groups.setdefault(d.name.rsplit("-seed", 1)[0].rsplit("-", 1)[-1], []).append(d)
+    data = arms(groups)
+    start = next(v for (algo, stage), v in data.items() if stage == "sft")
+    rl = {algo: v for (algo, stage), v in data.items() if stage != "sft"}
+    arms_ = {"SFT start": start, **rl}
+    lines = ["| arm | EM [95% CI over questions x seeds] |", "|---|---|"]
+    lines += [f"| {a} | {interval(v)} |" for a, v in arms_.items()]
+    lines += [
+        "",
+        f"Paired bootstrap (same questions, same seeds; two-sided, significant at p < {ALPHA}):",
+        "",
+        "| a | b | EM a − b [95% CI] | p | significant |",
+        "|---|---|---|---|---|",
+    ]
+    names = list(arms_)
+    records = []
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            # every algorithm against the start, then every two algorithms
+            a, b = (second, first) if first == "SFT start" else (first, second)
+            t = paired_bootstrap(*align(arms_[a], arms_[b]))
+            sig = t.significant(ALPHA)
+            lines.append(f"| {a} | {b} | {t.difference} | {t.p_value:.4f} | {'**yes**' if sig else 'no'} |")
+            records.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "difference": t.difference.mean,
+                    "low": t.difference.low,
+                    "high": t.difference.high,
+                    "p": t.p_value,
+                    "significant": sig,
+                }
+            )
+    return "\n".join(lines), records
 
 
 if __name__ == "__main__":
