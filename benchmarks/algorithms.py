@@ -88,11 +88,19 @@ def main() -> None:
                 results[algo][s]["rollout/tokens_generated"] / questions
             )
             sft = {m: res["sft"][m] for m in METRICS}
-    cols = (*METRICS, "generated_tokens_per_question", "time/step_s")
-    head = " | ".join(cols)
-    print(f"\nFrom one SFT checkpoint ({args.sft}); mean ± std over seeds {args.seeds}\n")
-    print(f"| run | {head} |\n|---" + "|---" * len(cols) + "|")
-    print("| SFT start | " + " | ".join(f"{sft[m]:.3f}" for m in METRICS) + " | | |")
+    cols = (*METRICS, "rollout/tokens_generated", "generated_tokens_per_question", "time/step_s")
+    labels = {"rollout/tokens_generated": "generated tokens (run)", "time/step_s": "training s (run)"}
+    head = " | ".join(labels.get(c, c) for c in cols)
+    table = [
+        f"From one SFT checkpoint ({args.sft}); mean ± std over seeds {args.seeds}; "
+        f"trainer.steps {steps or 'as configured'}",
+        "",
+        f"| run | {head} |",
+        "|---" + "|---" * len(cols) + "|",
+        "| SFT start | "
+        + " | ".join(f"{sft[m]:.3f}" for m in METRICS)
+        + " |" * (len(cols) - len(METRICS) + 1),
+    ]
     summary = {}
     for algo, per_seed in results.items():
         cells, summary[algo] = [], {}
@@ -100,13 +108,15 @@ def main() -> None:
             vals = [per_seed[s][m] for s in args.seeds]
             sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
             summary[algo][m] = {"mean": statistics.mean(vals), "std": sd, "per_seed": vals}
-            cells.append(f"{statistics.mean(vals):.3f} ± {sd:.3f}")
-        print(f"| {algo} | " + " | ".join(cells) + " |")
+            fmt = ".0f" if m in TRAIN else ".1f" if m == "generated_tokens_per_question" else ".3f"
+            cells.append(f"{statistics.mean(vals):{fmt}} ± {sd:{fmt}}")
+        table.append(f"| {algo} | " + " | ".join(cells) + " |")
+    print("\n" + "\n".join(table))
     stats_md, paired = statistics_of(run_dirs)
     print("\n" + stats_md)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.md").write_text(stats_md + "\n")
+    (out / f"{args.name}.md").write_text("\n".join(table) + "\n\n" + stats_md + "\n")
     (out / f"{args.name}.json").write_text(
         json.dumps(
             {
