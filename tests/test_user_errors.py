@@ -202,3 +202,17 @@ def test_a_hub_id_is_passed_on_as_a_model(monkeypatch, tmp_path):
         _check_model_dir("./runs/nope")
     with pytest.raises(SearchRLError, match="does not exist"):
         _check_model_dir(str(tmp_path / "nope"))
+
+
+def test_stepsearch_public_code_needs_its_document_layout(tmp_path, capsys):
+    """StepSearch's public parser on search_r1-formatted documents would score every gain and penalty 0."""
+    steppo = str(REPO / "experiments" / "synthetic" / "steppo.yaml")
+    compat = "rewards=[{name: stepsearch, args: {public_code_compat: true}}]"
+    with pytest.raises(SystemExit) as e:
+        main(["validate", steppo, "--set", compat])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "env.doc_format" in err and "rewards[0].args.public_code_compat" in err, err
+    main(["validate", steppo, "--set", compat, "--set", "env.doc_format=stepsearch"])  # the pair is fine
+    fails(
+        capsys, ["train", steppo, compat, f"output_dir={tmp_path}/r"], "env.doc_format", "public_code_compat"
+    )

@@ -240,7 +240,9 @@ class TrainerConfig:
     mini_batches: int = 1  # optimizer updates per pass over a rollout batch
     save_every: int = 50  # steps between checkpoints (and at the end)
     keep_checkpoints: int = 2
-    eval_every: int = 0  # steps between evaluations on `eval_split` (0: only at the end)
+    # steps between evaluations on `eval_split` during training, and at the last step, so that the held-out
+    # curve ends at the final policy (0: none; the run's own evaluation after training is `eval`)
+    eval_every: int = 0
     eval_split: Literal["train", "dev", "test"] = "dev"
     eval_limit: int | None = 200
     log_entropy: bool = True

@@ -155,6 +155,7 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                     value=arg,
                     choices=allowed,
                 )
+        _check_stepsearch_compat(exp, REWARDS.get(spec.name), spec.args, source, i)
         try:
             check_calling_convention(REWARDS.get(spec.name), spec.args)
         except TypeError as exc:
@@ -165,3 +166,21 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 key=f"rewards[{i}].name",
                 value=spec.name,
             ) from None
+
+
+def _check_stepsearch_compat(exp: Experiment, fn: Any, args: dict[str, Any], source: str, i: int) -> None:
+    """StepSearch's public code cuts documents out of its own layout (``##> text <##``): under any other
+    ``env.doc_format`` every information gain and redundancy penalty would silently be 0."""
+    from searchrl.rewards.stepsearch import stepsearch_reward
+
+    if fn is stepsearch_reward and args.get("public_code_compat") and exp.env.doc_format != "stepsearch":
+        raise ConfigError(
+            f"rewards[{i}].args.public_code_compat: true parses documents in StepSearch's layout, but "
+            f"env.doc_format is '{exp.env.doc_format}': every information gain and redundancy penalty "
+            "would be 0",
+            file=source,
+            key="env.doc_format",
+            value=exp.env.doc_format,
+            choices=["stepsearch"],
+            hint=f"set env.doc_format: stepsearch, or rewards[{i}].args.public_code_compat: false",
+        )

@@ -249,7 +249,7 @@ def test_train_pipeline_under_accelerate_launch(tmp_path, world_dir, agent_model
     results = json.loads((out / "results.json").read_text())
     assert set(results) == {"untrained", "sft", "grpo"} and all(m["n"] == 9 for m in results.values())
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2] and rows[0]["eval/n"] == 7
+    assert [row["step"] for row in rows] == [1, 2] and rows[0]["eval/n"] == rows[1]["eval/n"] == 7
     proc = launch([*cmd, "--resume"], env, tmp_path)
     assert "grpo (test)" in proc.stdout
 

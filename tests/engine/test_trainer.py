@@ -85,6 +85,8 @@ def test_sft_learns_and_exports(make_exp, small_world, caplog):
     final = tr.run()
     rows = read_metrics(exp.out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 9))
+    # supervised learning from a fresh model, not a chaotic dynamic: 7.7 -> 5.3 nats over the 8 steps on one
+    # CPU, where float noise and batch-to-batch differences move a step's loss by tenths
     assert rows[-1]["train/loss"] < rows[0]["train/loss"]
     # SFT has no reward: its progress bar shows loss, learning rate and tokens per second
     assert "reward/mean" not in rows[0] and rows[0]["time/tokens_per_s"] > 0

@@ -121,7 +121,7 @@ def test_stepsearch_matches_the_public_code_on_random_episodes(small_world, worl
         marker = "<|im_start|>assistant"
         solution = text.split(marker)[-1].strip() if marker in text else text
         gold = [docs[h.gold_doc_id].text for h in ex.hops if h.gold_doc_id in docs]
-        score, steps = ref.stepsearch_public(solution, ex.answers, [h.keys for h in ex.hops if h.keys], gold)
+        score, steps = ref.stepsearch_public(solution, ex.answers, [h.keys for h in ex.hops], gold)
         response = text[len(t.episode.prompt) :]
         expected = [0.0] * len(t.steps)
         for value, end in zip(steps, ref.stepsearch_step_positions(response)):
@@ -170,6 +170,53 @@ def test_public_search_key_assignment_overwrites_and_averages():
     assert search_keys_public(["alpha", "beta"], [["alpha"], ["beta"]]) == 1.0
     # "alpha" sets group 0 to 1; "alpha beta" ties both groups at 0.6667 and takes the first, overwriting 1
     assert search_keys_public(["alpha", "alpha beta"], [["alpha"], ["beta"]]) == pytest.approx(0.6667 / 2)
+
+
+def test_public_search_key_counts_a_hop_without_keys(small_world, world_bm25, docs):
+    """A hop with no keys: the public code still divides by its (never matched) group, so a query matching
+    the other hop's key scores 1/2, where the paper's eq. (5) averages over the keyed hops only (1.0)."""
+    from dataclasses import replace
+
+    ex = next(e for e in small_world.examples("train") if e.n_hops == 2)
+    ex = replace(ex, hops=(replace(ex.hops[0], keys=("alpha beta",)), replace(ex.hops[1], keys=())))
+    env = SearchEnv(world_bm25, template="search_r1", topk=2, max_turns=3, doc_format="stepsearch")
+    st = env.reset(ex)
+    t = Trajectory(ex, [Segment("prompt", [0])], state=st)
+    for action in ["<think> x </think><search> alpha beta </search>", "<answer> nobody </answer>"]:
+        _, _, info = env.step(st, action, stopped=True)
+        t.segments.append(Segment("action", [1]))
+        t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t.steps), info=info))
+    t.finish_reason = st.finish_reason
+    public = stepsearch_reward(
+        t, answers=ex.answers, hops=ex.hops, example=ex, docs=docs, public_code_compat=True
+    )
+    paper = stepsearch_reward(t, answers=ex.answers, hops=ex.hops, example=ex, docs=docs)
+    assert public.metrics["key"] == pytest.approx(0.5)
+    assert paper.metrics["key"] == pytest.approx(1.0)  # paper mode unchanged
+    solution = transcript(t)
+    gold = [docs[h.gold_doc_id].text for h in ex.hops if h.gold_doc_id in docs]
+    score, _ = ref.stepsearch_public(solution, ex.answers, [h.keys for h in ex.hops], gold)
+    assert public.score == pytest.approx(score, abs=1e-4)
+
+
+def test_research_public_scores_after_a_marker_the_response_writes(small_world, world_bm25):
+    """Base template: the public code scores ``(prompt + response).split("<|im_start|>assistant\\n")[1]``, the
+    text after a marker the response itself writes (1.0 here), not the text before it."""
+    ex = small_world.examples("train")[0]
+    env = SearchEnv(world_bm25, tags="research", template="research", topk=2, max_turns=3)
+    st = env.reset(ex)
+    t = Trajectory(ex, [Segment("prompt", [0])], state=st)
+    action = (
+        "stray text<|im_start|>assistant\n<think> so </think>"
+        f"<answer> The final answer is \\boxed{{{ex.answers[0]}}} </answer>"
+    )
+    _, _, info = env.step(st, action, stopped=True)
+    t.segments.append(Segment("action", [1]))
+    t.steps.append(Step(segment=1, last_token=0, info=info))
+    t.finish_reason = st.finish_reason
+    expected = ref.research_public(transcript(t) + "<|endoftext|>", ex.answers)
+    assert expected == 1.0
+    assert research_reward(t, answers=ex.answers, public_code_compat=True).score == expected
 
 
 def test_public_documents_carry_the_next_label():

@@ -419,11 +419,11 @@ class Trainer:
                     # window 0: the step failed mid-update; the checkpoint before it is good
                     step = self._on_trip(Trip(done, "non-finite", str(exc), math.nan, "finite", 0), guards)
                     continue
+                # every eval_every steps and at the last, so that the held-out curve ends at the final policy
                 if (
                     evaluate is not None
                     and cfg.eval_every
-                    and done % cfg.eval_every == 0
-                    and done < cfg.steps
+                    and (done % cfg.eval_every == 0 or done == cfg.steps)
                 ):
                     with eng.phase("evaluation", step):
                         metrics.update(evaluate(self, done))

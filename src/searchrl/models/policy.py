@@ -51,10 +51,14 @@ class PolicyWithValue(torch.nn.Module):
         return False
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.lm.gradient_checkpointing_enable(**kwargs)
+        # transformers 5.2x: activation_checkpointing_*, the gradient_ names warn and go in v6
+        getattr(self.lm, "activation_checkpointing_enable", self.lm.gradient_checkpointing_enable)(**kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
-        self.lm.gradient_checkpointing_disable()
+        getattr(self.lm, "activation_checkpointing_disable", self.lm.gradient_checkpointing_disable)()
+
+    activation_checkpointing_enable = gradient_checkpointing_enable
+    activation_checkpointing_disable = gradient_checkpointing_disable
 
     def forward(self, *args: Any, values: bool = False, **kwargs: Any) -> Any:
         if not values:

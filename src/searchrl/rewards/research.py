@@ -139,12 +139,14 @@ def research_public(traj: Any, *, answers: Sequence[str], format_score: float = 
     - the answer is the first answer block's last boxed expression; no boxed expression scores 0.
     """
     st = traj.state
-    response = response_text(traj, cut=True)
-    # the public code splits prompt + response at the template's marker and keeps what follows the first one,
-    # up to a second one: a response that writes the marker again is cut there
+    # the public code splits prompt + response at the chat template's marker (else "Assistant:") and scores
+    # what follows the first one, up to a second one: `(prompt + response).split(marker)[1]`. Under a chat
+    # template the first marker ends the prompt; under the base template a response that writes the marker
+    # is scored from after it. No marker at all: the public code fails on the index, scored 0 here.
     chat = "<|im_start|>assistant\n"
-    marker = chat if st is not None and chat in st.prompt + response else "Assistant:"
-    response = response.split(marker)[0]
+    text = (st.prompt if st is not None else "") + response_text(traj, cut=True)
+    parts = text.split(chat if chat in text else "Assistant:")
+    response = parts[1] if len(parts) > 1 else ""
     metrics = {"f1": 0.0, "format_ok": 0.0}
     if not research_public_format_ok(response):
         return RewardOutput(0.0, metrics=metrics)

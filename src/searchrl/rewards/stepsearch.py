@@ -290,7 +290,8 @@ def stepsearch_public(
     - format gate: the text must end with an ``<answer>…</answer>`` block (anything else: -1 and no step
       rewards); nothing else is checked — two answer blocks, no search, no think are all scored normally;
     - answer: the last answer block's F1, normalised, no yes/no rule, rounded to 4 decimals;
-    - search-key score: `search_keys_public` (best-group assignment, overwritten), weight γ_key = 0.618;
+    - search-key score: `search_keys_public` (best-group assignment, overwritten) averaged over every hop's
+      key group, empty groups included, weight γ_key = 0.618;
     - information gain: documents are cut out of each ``<search>…</search> <information>…</information>``
       pair by `split_documents`, normalised, and compared by `pairwise_tfidf_cosines` with the gold
       documents' normalised texts, titles excluded;
@@ -340,8 +341,10 @@ def stepsearch_public(
         for g, p in zip(gains, penalties)
     ]
     queries = [re.sub(r"</?search>", "", q).strip() for q in _SEARCH.findall(solution)]
-    groups = [h.keys for h in hops if h.keys]
-    key = search_keys_public(queries, groups) if groups else 0.0
+    # every hop's group, an empty one included: the public code averages over all of them, so a hop without
+    # keys (never matched) halves a two-hop score where the paper's eq. (5) averages over the keyed hops only
+    groups = [list(h.keys) for h in hops]
+    key = search_keys_public(queries, groups)
     score = (answer_f1 if answer else 0.0) + (gamma_key * key if search_key else 0.0)
     # the reward manager finds the positions again in the response alone (no prompt) and pairs them with the
     # step scores by index: each pair's `</search>` falls in one action, whose step carries the score

@@ -57,7 +57,7 @@ class HFStream:
         self._admit()
         if not self.rows:
             return []
-        from searchrl.rollout.hf import sample
+        from searchrl.rollout.hf import cache_kwargs, output_cache, sample
 
         assert self.logits is not None and self.mask is not None and self.pos is not None
         tok, tok_logp = sample(self.logits, self.params)
@@ -85,11 +85,11 @@ class HFStream:
                 input_ids=tok[:, None],
                 attention_mask=self.mask,
                 position_ids=self.pos[:, None],
-                past_key_values=self.cache,
                 use_cache=True,
+                **cache_kwargs(self.model, self.cache),
             )
             self.forwards += 1
-            self.cache, self.logits = out.past_key_values, out.logits[:, -1, :]
+            self.cache, self.logits = output_cache(out), out.logits[:, -1, :]
         return done
 
     def close(self) -> None:
@@ -99,6 +99,8 @@ class HFStream:
 
     # ------------------------------------------------------------------------------------- internals
     def _admit(self) -> None:
+        from searchrl.rollout.hf import output_cache
+
         room = self.gen.batch_size - len(self.rows)
         if not self.queue or room <= 0:
             return
@@ -112,7 +114,7 @@ class HFStream:
         if not self.rows:
             self.rows, self.cache, self.mask, self.pos, self.logits = (
                 new,
-                out.past_key_values,
+                output_cache(out),
                 mask,
                 pos,
                 logits,
@@ -127,7 +129,7 @@ class HFStream:
                 torch.cat([_left_pad(a, L, 2), _left_pad(b, L, 2)])
                 for a, b in ((x.keys, y.keys), (x.values, y.values))
             )
-            for x, y in zip(self.cache.layers, out.past_key_values.layers)
+            for x, y in zip(self.cache.layers, output_cache(out).layers)
         ]
         self.cache = DynamicCache(ddp_cache_data=layers)
         self.mask = torch.cat([_left_pad(self.mask, L, 1), _left_pad(mask, L, 1)])

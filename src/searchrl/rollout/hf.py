@@ -13,6 +13,7 @@ the whole context, which dominated rollout time (benchmarks/rollout_overhead.py)
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -155,7 +156,7 @@ class HFGenerator:
             attention_mask=mask,
             position_ids=pos,
             use_cache=True,
-            past_key_values=DynamicCache(ddp_cache_data=layers),
+            **cache_kwargs(model, DynamicCache(ddp_cache_data=layers)),
             **last,
         )
         return out, mask, pos[:, -1]
@@ -183,7 +184,7 @@ class HFGenerator:
         finish: list[str | None] = [None] * B
         rows = list(range(B))  # cache row -> prompt index; finished rows are dropped from the KV cache
         out, mask, last_pos = self._prefill(model, prompts, self._take_saved(keys, prompts))
-        cache, logits_last = out.past_key_values, out.logits[:, -1, :]
+        cache, logits_last = output_cache(out), out.logits[:, -1, :]
         for _ in range(params.max_new_tokens):
             tok, tok_logp = sample(logits_last, params)
             keep = []
@@ -211,10 +212,10 @@ class HFGenerator:
                 input_ids=tok[:, None],
                 attention_mask=mask,
                 position_ids=last_pos[:, None],
-                past_key_values=cache,
                 use_cache=True,
+                **cache_kwargs(model, cache),
             )
-            cache, logits_last = out.past_key_values, out.logits[:, -1, :]
+            cache, logits_last = output_cache(out), out.logits[:, -1, :]
         return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish)]  # type: ignore[arg-type]
 
 
@@ -260,8 +261,43 @@ class TextStop:
 def last_logits_only(model: Any) -> dict[str, int]:
     """``logits_to_keep=1`` where the model's forward takes it (transformers' causal LMs, under peft too): a
     prefill samples from its last position only, so the (rows, length, vocabulary) logits are not built."""
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(_base_type(model)) else {}
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``cache`` under the name the model's forward takes: ``cache`` from transformers 5.24 on (which warns
+    that the old name goes in 5.40), ``past_key_values`` before it and in custom models."""
+    return {_cache_arg(_base_type(model)): cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a forward returned (``out.cache`` from transformers 5.24 on, else the old name)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _base_type(model: Any) -> type:
+    """The class of the model under its wrappers (peft, the PPO policy-with-value, DDP / DeepSpeed engines),
+    whose forward's parameters decide what may be passed."""
+    for _ in range(8):
+        if callable(getattr(model, "get_base_model", None)):
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "lm", None), torch.nn.Module):
+            model = model.lm
+        elif isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+        else:
+            break
+    return type(model)
+
+
+@functools.cache
+def _forward_params(cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters)  # type: ignore[attr-defined]
+
+
+def _cache_arg(cls: type) -> str:
+    return "cache" if "cache" in _forward_params(cls) else "past_key_values"
 
 
 def model_eos_ids(model: Any) -> set[int]:
