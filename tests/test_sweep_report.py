@@ -77,6 +77,9 @@ def test_sweep_runs_resumes_records_failures_and_reports(tmp_path, world_dir, ti
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| a | grpo | 2 | " in md and "| b | grpo | 1 | " in md and " ± " in md
     assert (tmp_path / "report" / "reward_mean.png").exists() and "<table>" in page.read_text()
+    # the failed run is named as missing, not silently left out of the averages
+    assert "1 sweep run(s) failed and are not in the table" in md and "- broken-seed0: exit code" in md
+    assert "broken-seed0 (exit" in page.read_text()
     assert variant_of("ppo-lowkl-seed12") == "ppo-lowkl"
 
 

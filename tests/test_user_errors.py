@@ -216,3 +216,136 @@ def test_stepsearch_public_code_needs_its_document_layout(tmp_path, capsys):
     fails(
         capsys, ["train", steppo, compat, f"output_dir={tmp_path}/r"], "env.doc_format", "public_code_compat"
     )
+
+
+def test_force_in_a_directory_that_is_not_a_run_deletes_nothing(tmp_path, capsys):
+    out = tmp_path / "mine"
+    files = {"eval/notes.md": b"notes\n", "world/my_world.json": b"{}\n", "metrics.jsonl": b'{"step": 1}\n'}
+    for rel, data in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    fails(
+        capsys,
+        ["train", QUICKSTART, f"output_dir={out}", "--force"],
+        str(out / "metrics.jsonl"),
+        "config.yaml",
+    )
+    assert {rel: (out / rel).read_bytes() for rel in files} == files
+
+
+def test_hostile_and_careless_configs(tmp_path, capsys):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("name: t\ntrainer:\n  lr: 0.5\nseed: 1\ntrainer:\n  lr: 0.1\n")
+    fails(capsys, ["train", str(twice)], str(twice), "'trainer' is given twice", "line 2", "line 5")
+    tagged = tmp_path / "sweep.yaml"
+    marker = tmp_path / "ran"
+    tagged.write_text(f"name: !!python/object/apply:os.system ['touch {marker}']\nbase: x.yaml\n")
+    fails(capsys, ["sweep", str(tagged)], str(tagged), "tags that build Python objects are refused")
+    fails(capsys, ["train", str(tagged)], str(tagged), "tags that build Python objects are refused")
+    assert not marker.exists()
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: a\nseed: 1\nx: caf\xe9\n".encode("latin-1"))
+    fails(capsys, ["train", str(latin)], str(latin), "line 3")
+    for override, key in (
+        ("algorithm.group_size=1", "group_size must be at least 2"),
+        ("algorithm.clip_low=-0.5", "clip_low must be in [0, 1)"),
+        ("algorithm={name: slate, k: 1}", "k must be at least 2"),
+        (
+            "algorithm={name: slate, judge: llm, judge_args: {model: m, time_out: 5}}",
+            "did you mean 'timeout'",
+        ),
+    ):
+        fails(capsys, ["train", QUICKSTART, override, f"output_dir={tmp_path}/r"], key)
+    assert not (tmp_path / "r").exists()
+
+
+def test_server_flags_in_range(capsys, fixtures):
+    corpus = str(fixtures / "corpus.jsonl")
+    for flag, value in (("--max-queries", "0"), ("--max-topk", "-1"), ("--timeout", "0")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main(["serve-retriever", "--corpus", corpus, flag, value])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and flag in err and "must be above 0" in err, err
+    with pytest.raises(SystemExit) as e:
+        main(["serve-model", "--model", "x", "--max-tokens", "0"])
+    assert e.value.code == 2 and "--max-tokens" in capsys.readouterr().err
+
+
+def test_bad_answers_and_duplicate_documents(tmp_path, capsys, fixtures):
+    corpus = fixtures / "corpus.jsonl"
+    for answers, why in (
+        ("[null]", "answer 0 must be a non-empty string"),
+        ("[]", "is empty"),
+        ("42", "must be a list"),
+    ):
+        q = tmp_path / "q.jsonl"
+        q.write_text(
+            '{"id": "a", "question": "q?", "golden_answers": ["x"]}\n'
+            f'{{"id": "b", "question": "q?", "golden_answers": {answers}}}\n'
+        )
+        fails(
+            capsys,
+            [
+                "eval",
+                QUICKSTART,
+                "--agent",
+                "teacher",
+                "--data",
+                f"q={q},{corpus}",
+                "--data-format",
+                "flashrag",
+                f"output_dir={tmp_path}/e",
+            ],
+            str(q),
+            "row 1",
+            "golden_answers",
+            why,
+        )
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(
+        '{"id": "d1", "contents": "A\\na"}\n{"id": "d2", "contents": "B\\nb"}\n{"id": "d1", "contents": "C\\nc"}\n'
+    )
+    fails(capsys, ["index", "--corpus", str(dup), "--out", str(tmp_path / "i")], str(dup), "'d1'", "unique")
+    assert not (tmp_path / "i" / "docs.arrow").exists()
+    from searchrl.data.corpus import load_corpus
+    from searchrl.errors import DataError
+
+    with pytest.raises(DataError, match="'d1'"):
+        load_corpus(dup)
+
+
+def test_a_token_budget_shorter_than_the_prompt_is_refused(tmp_path, capsys, world_dir, agent_model_dir):
+    fails(
+        capsys,
+        [
+            "train",
+            QUICKSTART,
+            f"output_dir={tmp_path}/r",
+            f"data.world_dir={world_dir}",
+            f"warm_start.checkpoint={agent_model_dir}",
+            "rollout.max_total_tokens=8",
+        ],
+        "rollout.max_total_tokens",
+        "longest prompt",
+    )
+
+
+def test_a_bad_byte_is_reported_on_its_own_line(tmp_path):
+    from searchrl.data.example import read_jsonl
+    from searchrl.errors import DataError
+
+    bad = tmp_path / "q.jsonl"
+    bad.write_bytes(b'{"a": 1}\n' * 2000 + b'{"a": "caf\xe9"}\n')  # past the first 8 kB a text reader decodes
+    with pytest.raises(DataError, match=r"line 2001,"):
+        list(read_jsonl(bad))
+
+
+def test_a_missing_index_directory_is_named(tmp_path, capsys):
+    fails(
+        capsys,
+        ["serve-retriever", "--index", str(tmp_path / "nope")],
+        "--index",
+        str(tmp_path / "nope"),
+        "not found",
+    )

@@ -47,6 +47,8 @@ def make_chat_app(
                 raise BadRequest(
                     f"messages[{i}] must be {{role: one of {', '.join(ROLES)}, content: string}}"
                 )
+        if req.get("stream"):  # answered whole or refused, never a stream the client cannot read
+            raise BadRequest("'stream': true is not supported by serve-model; send stream: false")
         wanted = req.get("max_tokens", req.get("max_completion_tokens"))
         n_tokens = cap if wanted is None else min(integer(wanted, "max_tokens", 1, 10**9), cap)
         temperature = req.get("temperature", 0.0)
@@ -56,7 +58,9 @@ def make_chat_app(
             or not 0 <= temperature <= 2
         ):
             raise BadRequest(f"'temperature' must be a number from 0 to 2, got {temperature!r}")
-        text, finish = await with_timeout(batcher.submit((n_tokens, float(temperature)), messages), timeout)
+        text, finish, n_prompt, n_completion = await with_timeout(
+            batcher.submit((n_tokens, float(temperature)), messages), timeout
+        )
         return JSONResponse(
             {
                 "id": f"chatcmpl-{time.time_ns()}",
@@ -66,6 +70,11 @@ def make_chat_app(
                 "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                 ],
+                "usage": {
+                    "prompt_tokens": n_prompt,
+                    "completion_tokens": n_completion,
+                    "total_tokens": n_prompt + n_completion,
+                },
             }
         )
 

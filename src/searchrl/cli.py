@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import SearchRLError
+from searchrl.errors import DataError, SearchRLError
 
 
 def _overrides(p: argparse.ArgumentParser) -> None:
@@ -83,6 +83,21 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
     )
 
 
+def _positive(kind: type) -> Any:
+    """An argparse type: a number of ``kind`` above 0 (a flag out of range exits 2 naming it, as any bad flag)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    return parse
+
+
 def cmd_index(args: argparse.Namespace) -> None:
     from searchrl.data.corpus import iter_corpus
     from searchrl.data.docstore import FILE as STORE_FILE
@@ -104,6 +119,13 @@ def cmd_index(args: argparse.Namespace) -> None:
     store = Path(args.out) / STORE_FILE
     write_docstore(iter_corpus(args.corpus), store, progress=True)
     docs = DocStore(store)
+    dup = docs.duplicate_ids()
+    if dup:  # gold recall, redundancy penalties and the cache count documents by id
+        store.unlink()
+        raise DataError(
+            f"{args.corpus}: document ids must be unique; these are shared by several documents: "
+            f"{', '.join(repr(d) for d in dup)}{' …' if len(dup) == 10 else ''}. Nothing was indexed."
+        )
     cls(docs, **kwargs).save(args.out)
     print(
         f"{args.retriever} index of {len(docs)} documents written to {args.out} in {time.perf_counter() - t:.1f}s"
@@ -116,6 +138,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     if args.corpus is None and args.index is None:
         raise SearchRLError("serve-retriever needs --corpus FILE or --index DIR")
+    if args.index is not None and not Path(args.index).is_dir():
+        raise SearchRLError(
+            f"--index {args.index}: {'is not a directory' if Path(args.index).exists() else 'not found'}; "
+            "pass the directory `searchrl index --out DIR` wrote"
+        )
     _check_port(args.port)
     retriever = build_retriever(
         args.retriever, corpus=args.corpus, index=args.index, **_retriever_kwargs(args.retriever, args.arg)
@@ -376,9 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE")
-    s.add_argument("--max-queries", type=int, default=1024, help="queries per request, at most")
-    s.add_argument("--max-topk", type=int, default=100, help="documents per query, at most")
-    s.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (then HTTP 504)")
+    s.add_argument("--max-queries", type=_positive(int), default=1024, help="queries per request, at most")
+    s.add_argument("--max-topk", type=_positive(int), default=100, help="documents per query, at most")
+    s.add_argument(
+        "--timeout", type=_positive(float), default=60.0, help="seconds a request may take (then HTTP 504)"
+    )
     s.set_defaults(fn=cmd_serve)
 
     m = sub.add_parser("serve-model", help="serve a local model over the OpenAI chat-completions protocol")
@@ -388,8 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--host", default="127.0.0.1")
     m.add_argument("--port", type=int, default=8001)
-    m.add_argument("--max-tokens", type=int, default=1024, help="cap on a request's max_tokens")
-    m.add_argument("--timeout", type=float, default=300.0, help="seconds a request may take (then HTTP 504)")
+    m.add_argument("--max-tokens", type=_positive(int), default=1024, help="cap on a request's max_tokens")
+    m.add_argument(
+        "--timeout", type=_positive(float), default=300.0, help="seconds a request may take (then HTTP 504)"
+    )
     m.set_defaults(fn=cmd_serve_model)
 
     c = sub.add_parser("collect-process-data", help="RAG-Gym step-level preference data from a policy")

@@ -59,11 +59,13 @@ def read_text(path: str | Path, what: str = "file") -> str:
         raise DataError(f"{p}: is a directory, not a {what}")
     if not p.exists():
         raise DataError(f"{p}: {what} not found")
+    raw = p.read_bytes()
     try:
-        return p.read_text(encoding="utf-8")
+        return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
     except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
         raise DataError(
-            f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the {what} as UTF-8"
+            f"{p}: not UTF-8 text (line {line}, byte {exc.start}: {exc.reason}); save the {what} as UTF-8"
         ) from None
 
 

@@ -261,6 +261,11 @@ def policy_agent(rt: Any, examples: Sequence[Any], model: str | None, label: str
     exp = rt.exp
     trained = exp.out / "final"
     path = model or (trained if has_weights(trained) else local_model_dir(rt))
+    if model is None and not has_weights(trained):
+        print(
+            f"note: {trained} holds no trained model (train first, or pass --model DIR): evaluating the "
+            "experiment's starting model instead"
+        )
     print(f"evaluating the policy in {path} on {label}")
     policy, tokenizer = load_model_and_tokenizer(path, exp.model.dtype)
     r = exp.rollout

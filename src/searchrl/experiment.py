@@ -89,7 +89,8 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
 
     if exp.algorithm is not None:
         algo: Any = ALGORITHMS.get(exp.algorithm.name)
-        from_dict_checked(algo.Config, exp.algorithm.args, source, "algorithm")
+        conf = from_dict_checked(algo.Config, exp.algorithm.args, source, "algorithm")
+        _check_named_args(conf, source, "algorithm")
         req = requirements(exp.algorithm.name, exp.algorithm.args, exp.env, source)
         if training and req.online and exp.env.agent in RERENDERED_AGENTS:
             raise ConfigError(
@@ -111,6 +112,7 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
                 hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only",
             )
+    _check_named_args(exp.process_data, source, "process_data")
     if exp.warm_start is not None:  # the SFT warm start's arguments, under their own key
         from searchrl.algorithms.sft import SFTConfig
 
@@ -184,3 +186,37 @@ def _check_stepsearch_compat(exp: Experiment, fn: Any, args: dict[str, Any], sou
             choices=["stepsearch"],
             hint=f"set env.doc_format: stepsearch, or rewards[{i}].args.public_code_compat: false",
         )
+
+
+def check_kwargs(fn: Any, args: dict[str, Any], source: str, key: str, what: str) -> None:
+    """``args`` are keyword arguments ``fn`` (a function or class) takes, else a `ConfigError` naming the
+    key, with the valid names and a close match (``time_out`` -> ``timeout``). A ``**kwargs`` takes all."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    valid = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n != "self"]
+    for arg in args:
+        if arg not in valid:
+            raise ConfigError(
+                f"{what} has no argument '{arg}'" + ("" if valid else f" ({what} takes none)"),
+                file=source,
+                key=f"{key}.{arg}",
+                value=arg,
+                choices=valid or None,
+            )
+
+
+def _check_named_args(conf: Any, source: str, key: str) -> None:
+    """Every ``X_args`` mapping of a config section beside a registered ``X`` (SLATE's ``judge`` and
+    ``judge_args``, process data's ``annotator`` and ``annotator_args``) against X's constructor."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(conf)}
+    registries = _registries()
+    for name in fields:
+        base = fields.get(name.removesuffix("_args")) if name.endswith("_args") else None
+        if base is None or base.metadata.get("registry") not in registries:
+            continue
+        reg = registries[base.metadata["registry"]]
+        target = getattr(conf, base.name)
+        check_kwargs(reg.get(target), getattr(conf, name), source, f"{key}.{name}", f"{reg.kind} '{target}'")

@@ -8,6 +8,7 @@ This module and the schema sit at the bottom: nothing here imports a registry. T
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,52 @@ from searchrl.config import Ctx, Experiment, convert
 from searchrl.errors import ConfigError
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml's safe loader (no tags that build Python objects) that refuses a key given twice in one mapping:
+    plain YAML keeps the last silently (a second ``trainer:`` section drops the first)."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen and key != "<<":
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"key '{key}' is given twice in one mapping (line {seen[key] + 1} and line "
+                f"{key_node.start_mark.line + 1}); YAML would silently keep only the last",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call]
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)  # type: ignore[arg-type]
+
+
+def load_yaml(raw: bytes, file: str) -> Any:
+    """A YAML file's data: UTF-8, safe tags only, no duplicate keys; otherwise one `ConfigError` naming the
+    file and the line (a ``!!python/…`` tag is refused, never executed)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"not UTF-8 text (line {line}, byte {exc.start}: {exc.reason}); save it as UTF-8", file=file
+        ) from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.constructor.ConstructorError as exc:
+        where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark is not None else ""
+        problem = exc.problem or str(exc)
+        if "could not determine a constructor" in problem:
+            problem = f"{problem}: only plain YAML is read, tags that build Python objects are refused"
+        raise ConfigError(f"{problem}{where}", file=file) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", file=file) from None
+
+
 def _read_yaml(path: Path, ctx: Ctx, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError("config file not found", file=str(path))
@@ -24,14 +71,7 @@ def _read_yaml(path: Path, ctx: Ctx, seen: tuple[Path, ...] = ()) -> dict[str, A
         raise ConfigError("is a directory; pass an experiment YAML file", file=str(path))
     if path.resolve() in seen:
         raise ConfigError("circular 'base:' include", file=str(path), value=[str(p) for p in seen])
-    try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8", file=str(path)
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", file=str(path)) from exc
+    data = load_yaml(path.read_bytes(), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(
             "the top level must be a mapping of sections", file=str(path), value=type(data).__name__
@@ -116,6 +156,7 @@ def read_experiment(
         data = _read_yaml(Path(path), ctx)
         ctx.source[""] = str(path)
     data = apply_overrides(data, list(overrides or []), ctx)
+    refuse_secrets(data, ctx)
     exp = convert(Experiment, data, ctx, "")
     try:
         exp.out  # noqa: B018 (the placeholders must resolve)
@@ -127,3 +168,39 @@ def read_experiment(
             hint="the only placeholder is {name}, e.g. runs/{name}",
         ) from None
     return exp, ctx
+
+
+# a key's name that says it holds a secret (api_key_env, which names a variable, does not)
+_SECRET_NAME = re.compile(
+    r"(^|_)(api_?key|secret|password|passwd|access_token|auth_token|hf_token|bearer|authorization)$", re.I
+)
+# a value holding a provider's key, an Authorization header, or a key in a URL's query string
+_SECRET_VALUE = re.compile(
+    r"(?<![A-Za-z0-9])(sk-[A-Za-z0-9_\-]{20,}|hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
+    r"|xox[abpr]-[A-Za-z0-9\-]{10,}|AKIA[A-Z0-9]{16}|AIza[A-Za-z0-9_\-]{35})"
+    r"|^Bearer\s+\S+|[?&](api_?key|key|token|access_token)=[^&\s]+",
+    re.I,
+)
+
+
+def refuse_secrets(data: Any, ctx: Ctx, key: str = "") -> None:
+    """Refuse a secret anywhere in a config (a file or an override): a key is read from the environment only
+    (``api_key_env``: the variable's name), so that it is never written to ``config.yaml``, logs or errors.
+    The error names the key, never the value."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            sub = f"{key}.{k}" if key else str(k)
+            if isinstance(v, str) and v and (_SECRET_NAME.search(str(k)) or _SECRET_VALUE.search(v.strip())):
+                raise ConfigError(
+                    "holds what looks like a secret (an API key or token); a config never carries one, so it "
+                    "is not saved, logged or shown (not even here)",
+                    # an override's source quotes it, value included: name the command line only
+                    file="command line" if ctx.where(sub).startswith("command line") else ctx.where(sub),
+                    key=sub,
+                    hint="put the key in an environment variable and name the variable instead, e.g. "
+                    "api_key_env: OPENAI_API_KEY",
+                )
+            refuse_secrets(v, ctx, sub)
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            refuse_secrets(v, ctx, f"{key}[{i}]")

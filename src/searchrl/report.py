@@ -46,6 +46,20 @@ def find_runs(paths: list[str | Path]) -> dict[str, Path]:
     return runs
 
 
+def failed_runs(paths: list[str | Path]) -> list[tuple[str, dict[str, Any]]]:
+    """The runs a sweep under ``paths`` recorded as failed (``sweep.json``): they have no results to show,
+    and a report must say they are missing rather than average over the runs that finished."""
+    out = []
+    for p in map(Path, paths):
+        for f in sorted([p / "sweep.json"] if (p / "sweep.json").exists() else p.rglob("sweep.json")):
+            try:
+                status = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            out += [(n, st) for n, st in sorted(status.items()) if st.get("status") == "failed"]
+    return out
+
+
 def variant_of(run: str) -> str:
     return re.sub(r"-seed\d+$", "", run)
 
@@ -254,6 +268,13 @@ def report(paths: list[str | Path], out: str | Path) -> Path:
     paired = comparisons(per_question)
     pngs = plot(groups, out)
     text = md + "\n\n"
+    failed = failed_runs(paths)
+    missing = "".join(
+        f"- {name}: exit code {st.get('returncode')}, log {st.get('log')}\n" for name, st in failed
+    )
+    if failed:
+        text += f"**{len(failed)} sweep run(s) failed and are not in the table:**\n\n{missing}\n"
+        print(f"{len(failed)} sweep run(s) failed and are not in the table:\n{missing}", end="")
     if paired:
         text += f"Paired bootstrap (same questions, same seeds; {ALPHA} two-sided):\n\n{paired}\n\n"
     (out / "report.md").write_text(text + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
@@ -261,6 +282,13 @@ def report(paths: list[str | Path], out: str | Path) -> Path:
     paired_html = (
         f"<h2>Paired comparisons (bootstrap over questions and seeds)</h2><table>{html_table(paired)}</table>"
         if paired
+        else ""
+    )
+    failed_html = (
+        f"<p><b>{len(failed)} sweep run(s) failed and are not in the table:</b> "
+        + html.escape(", ".join(f"{n} (exit {st.get('returncode')})" for n, st in failed))
+        + "</p>"
+        if failed
         else ""
     )
     imgs = "".join(
@@ -273,7 +301,7 @@ def report(paths: list[str | Path], out: str | Path) -> Path:
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
 padding:4px 8px;text-align:right}}img{{max-width:100%}}figure{{margin:1em 0}}</style></head><body>
 <h1>searchrl report</h1><p>{len(runs)} runs in {len(groups)} variants: {html.escape(", ".join(sorted(groups)))}</p>
-<h2>Final evaluation (mean ± std over seeds)</h2><table>{rows}</table>{paired_html}
+<h2>Final evaluation (mean ± std over seeds)</h2><table>{rows}</table>{failed_html}{paired_html}
 <h2>Training curves</h2>{imgs}</body></html>
 """)
     return out / "index.html"

@@ -7,6 +7,7 @@ counters of the judge and summarizer clients. The servers themselves are in `sea
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -38,6 +39,16 @@ def post_json(
     """POST ``payload`` as JSON and return the decoded answer. Connection errors, timeouts and HTTP 5xx are
     retried; HTTP 4xx is not (it will not go away). Header values (API keys) never appear in errors."""
     body = json.dumps(payload).encode()
+    secrets = list((headers or {}).values())
+    try:
+        return _post(url, body, timeout, retries, backoff, headers)
+    except ServiceError as exc:  # whatever the server echoed: no key, no Authorization value
+        raise ServiceError(redact(str(exc), secrets), status=exc.status) from None
+
+
+def _post(
+    url: str, body: bytes, timeout: float, retries: int, backoff: float, headers: dict[str, str] | None
+) -> Any:
     last: Exception | None = None
     status: int | None = None
     for attempt in range(retries + 1):
@@ -60,6 +71,26 @@ def post_json(
             time.sleep(backoff * 2**attempt)
     what = str(last) if isinstance(last, ServiceError) else f"{type(last).__name__}: {last}"
     raise ServiceError(f"{url} did not answer after {retries + 1} attempts ({what})", status=status)
+
+
+_KEYLIKE = re.compile(r"\b(sk-|sk_|rk-|hf_|ghp_|gho_|github_pat_|xox[abpr]-|AKIA|AIza)[A-Za-z0-9_\-]{8,}")
+_BEARER = re.compile(r"(Bearer|Basic|Token)\s+[^\s\"',;}]+", re.I)
+_KEY_FIELD = re.compile(
+    r"((?:api[_-]?key|authorization|access_token|token|key)[\"']?\s*[:=]\s*[\"']?)[^\s\"'&,;}]+", re.I
+)
+
+
+def redact(text: str, secrets: list[str] | tuple[str, ...] = ()) -> str:
+    """``text`` (an error body, a log line) without the given ``secrets`` (header values: the key and its
+    ``Bearer`` form) and without anything shaped like a key, an Authorization value or a ``key=`` field:
+    an endpoint that echoes the request's key must not make us print it."""
+    for secret in sorted((x for x in secrets if x), key=len, reverse=True):
+        text = text.replace(secret, "[redacted]")
+        if secret.lower().startswith("bearer "):
+            text = text.replace(secret[7:].strip(), "[redacted]")
+    text = _BEARER.sub(lambda m: f"{m.group(1)} [redacted]", text)
+    text = _KEYLIKE.sub("[redacted]", text)
+    return _KEY_FIELD.sub(lambda m: f"{m.group(1)}[redacted]", text)
 
 
 def _reason(exc: urllib.error.HTTPError) -> str:
@@ -98,6 +129,12 @@ class FailureCounter:
             if error is not None:
                 self.failures += 1
                 self.last_error = error
+
+    def reject(self, error: str) -> None:
+        """A request already recorded as answered turned out unusable (a judge reply with no score)."""
+        with self._lock:
+            self.failures += 1
+            self.last_error = error
 
     def delta(self) -> tuple[int, int]:
         """(requests, failures) since the last call."""

@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from searchrl.errors import ConfigError
 
 
@@ -87,7 +85,13 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
     path = Path(path)
     if not path.exists():
         raise ConfigError("sweep file not found", file=str(path))
-    spec = yaml.safe_load(path.read_text()) or {}
+    from searchrl.loader import load_yaml
+
+    if path.is_dir():
+        raise ConfigError("is a directory; pass a sweep YAML file", file=str(path))
+    spec = load_yaml(path.read_bytes(), str(path)) or {}
+    if not isinstance(spec, dict):
+        raise ConfigError("the top level must be a mapping", file=str(path), value=type(spec).__name__)
     allowed = {"name", "base", "variants", "grid", "overrides"}
     for key in spec:
         if key not in allowed:

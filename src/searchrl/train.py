@@ -195,7 +195,9 @@ def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[st
     rt = Runtime(exp)
     out = exp.out
     records = None
-    check_run_dir(exp, force)  # every process reads it: they refuse together
+    check_run_dir(exp, force, resume)  # every process reads it: they refuse together
+    if resume and not (out / "checkpoints").is_dir() and not (out / "sft" / "checkpoints").is_dir():
+        state.print(f"--resume: {out} has no checkpoints yet; training starts from step 0")
     if state.is_main_process:  # build the world, the local model and the teacher data once
         claim_run_dir(exp, force)
         local_model_dir(rt)

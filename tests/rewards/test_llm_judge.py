@@ -72,8 +72,14 @@ def test_endpoint_backend_against_the_tiny_model_server(items, tiny_model_dir):
             "length",
         )
         assert isinstance(reply["choices"][0]["message"]["content"], str)
+        usage = reply["usage"]  # as OpenAI's: what was read and written, in tokens
+        assert 0 < usage["completion_tokens"] <= 5 and usage["prompt_tokens"] > 0
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
         with pytest.raises(ServiceError, match="HTTP 400"):
             post_json(url + "/chat/completions", {"messages": "not a list"}, retries=0)
+        with pytest.raises(ServiceError, match="HTTP 400.*'stream': true is not supported"):
+            body = {"stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+            post_json(url + "/chat/completions", body, retries=0)
         scores = LLMJudge(backend="openai", url=url, model="tiny", max_tokens=8, timeout=30)(items)
     finally:
         server.stop()

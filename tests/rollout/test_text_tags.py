@@ -90,6 +90,9 @@ class VocabMap(torch.nn.Module):
         self.to_small[self.known] = torch.arange(len(known))
         self.generation_config = inner.generation_config
 
+    def get_base_model(self):  # as peft's wrappers: the model whose forward's parameters count
+        return self.inner
+
     def forward(self, input_ids, **kw):
         out = inner_out = self.inner(input_ids=self.to_small[input_ids], **kw)
         full = inner_out.logits.new_full((*inner_out.logits.shape[:-1], 151936), -1e4)

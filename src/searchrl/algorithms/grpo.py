@@ -16,7 +16,7 @@ import torch
 from searchrl.aggregate import Mean
 from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
-from searchrl.algorithms.losses import check_stabilisers, clipped_policy_loss
+from searchrl.algorithms.losses import check_clip, check_stabilisers, clipped_policy_loss
 from searchrl.functional import masked_sum
 from searchrl.types import RolloutBatch
 
@@ -46,6 +46,7 @@ class GroupPolicyConfig:
     )
 
     def __post_init__(self) -> None:
+        check_clip(self.clip_low, self.clip_high)
         check_stabilisers(self.dual_clip, self.kl_clamp)
 
 
@@ -56,6 +57,11 @@ class GRPOConfig(GroupPolicyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_group_size(self.group_size)
+        if self.group_size < 2:  # A_i = (r_i − mean) / std over the group: a group of one is always 0
+            raise ValueError(
+                f"group_size must be at least 2 for GRPO's group-normalised advantage (a group of one has "
+                f"advantage 0, so nothing trains; ReSearch uses 5), got {self.group_size}"
+            )
 
 
 class GRPO(Algorithm):

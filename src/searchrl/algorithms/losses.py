@@ -8,6 +8,19 @@ from __future__ import annotations
 import torch
 
 
+def check_clip(clip_low: float, clip_high: float) -> None:
+    """Config check of the ratio's clip range [1 − clip_low, 1 + clip_high]: both ≥ 0 (a negative ε inverts
+    the range, so every token would be clipped), and clip_low < 1 (else the lower bound is ≤ 0)."""
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(
+            f"clip_low must be in [0, 1) (ε of the clipped ratio, 0.2 in the papers), got {clip_low}"
+        )
+    if clip_high < 0.0:
+        raise ValueError(
+            f"clip_high must be >= 0 (0.2 in the papers, 0.28 for DAPO's clip-higher), got {clip_high}"
+        )
+
+
 def check_stabilisers(dual_clip: float | None, kl_clamp: float | None) -> None:
     """Config check for the optional verl-style stabilisers (a ValueError names the bad argument)."""
     if dual_clip is not None and dual_clip <= 1.0:

@@ -27,7 +27,7 @@ import torch
 
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size, head_param_groups
-from searchrl.algorithms.losses import check_stabilisers, clipped_policy_loss
+from searchrl.algorithms.losses import check_clip, check_stabilisers, clipped_policy_loss
 from searchrl.types import RolloutBatch
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class PPOConfig:
     group_size: int = 1  # rollouts per question (Search-R1's PPO: one; the critic needs no group)
 
     def __post_init__(self) -> None:
+        check_clip(self.clip_low, self.clip_high)
         check_stabilisers(self.dual_clip, self.kl_clamp)
         check_group_size(self.group_size)
 

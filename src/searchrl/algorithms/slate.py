@@ -55,6 +55,11 @@ class SLATEConfig(GroupPolicyConfig):
         "seq-mean-token-mean"
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.k < 2:  # the step-group advantage normalises over the k candidates: one is always 0
+            raise ValueError(f"k must be at least 2 (candidates per step; SLATE uses 5), got {self.k}")
+
 
 def step_reward(
     scores: JudgeScores, kind: str, t: int, budget: int, bonus: float, valid: bool = True

@@ -47,8 +47,17 @@ def _from_record(i: int, rec: Any, path: Path) -> Doc:
 
 
 def load_corpus(path: str | Path) -> list[Doc]:
-    """Load any supported corpus file. Document ids default to the record's position."""
-    return list(iter_corpus(path))
+    """Load any supported corpus file. Document ids default to the record's position and must be unique
+    (gold recall, redundancy penalties and the retrieval cache count documents by id)."""
+    docs = list(iter_corpus(path))
+    seen: set[str] = set()
+    dup = list(dict.fromkeys(d.id for d in docs if d.id in seen or seen.add(d.id)))  # type: ignore[func-returns-value]
+    if dup:
+        raise DataError(
+            f"{path}: document ids must be unique; these are shared by several documents: "
+            f"{', '.join(repr(d) for d in dup[:10])}{' …' if len(dup) > 10 else ''}"
+        )
+    return docs
 
 
 def iter_corpus(path: str | Path) -> Iterator[Doc]:

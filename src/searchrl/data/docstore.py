@@ -90,6 +90,17 @@ class DocStore(Sequence[Doc]):
     def __len__(self) -> int:
         return self._table.num_rows
 
+    def duplicate_ids(self, limit: int = 10) -> list[str]:
+        """Up to ``limit`` ids that more than one document has (counted in Arrow, not in Python objects)."""
+        import pyarrow.compute as pc
+
+        ids = self._table.column("id")
+        if pc.count_distinct(ids).as_py() == len(ids):
+            return []
+        counts = pc.value_counts(ids)
+        dup = counts.filter(pc.greater(counts.field("counts"), 1))
+        return [str(v) for v in dup.field("values")[:limit].to_pylist()]
+
     @overload
     def __getitem__(self, i: int) -> Doc: ...
 

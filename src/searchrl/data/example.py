@@ -62,19 +62,33 @@ class Example:
             )
             for h in meta.pop("hops", [])
         )
-        answers = row.get("golden_answers", row.get("answers"))
-        if answers is None:
-            raise DataError(f"row {row.get('id')!r} has no 'golden_answers'")
-        if isinstance(answers, str):
-            answers = [answers]
+        field_name = "golden_answers" if "golden_answers" in row else "answers"
         return cls(
             id=str(row["id"]),
             question=row["question"],
-            answers=tuple(str(a) for a in answers),
+            answers=gold_answers(row.get(field_name), f"row {row.get('id')!r}, field '{field_name}'"),
             hops=hops,
             gold_doc_ids=tuple(meta.pop("gold_doc_ids", [])),
             metadata=meta,
         )
+
+
+def gold_answers(value: Any, where: str) -> tuple[str, ...]:
+    """A row's gold answers: a list of non-empty strings (numbers become text; a lone string is a list of
+    one). Null, an empty list, a null or empty answer, or any other type is refused, naming ``where``:
+    the metrics would otherwise compare predictions with "None" or with nothing."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        raise DataError(f"{where}: gold answers must be a list of strings, got {value!r}")
+    if not value:
+        raise DataError(f"{where}: the list of gold answers is empty")
+    out = []
+    for j, a in enumerate(value):
+        if isinstance(a, bool) or not isinstance(a, str | int | float) or not str(a).strip():
+            raise DataError(f"{where}: answer {j} must be a non-empty string, got {a!r}")
+        out.append(str(a))
+    return tuple(out)
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -98,16 +112,17 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     p = Path(path)
     if p.is_dir() or not p.exists():
         read_text(p)  # the DataError naming it
-    lineno = 0
-    try:
-        with p.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"{path}: line {lineno} is not valid JSON: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{p}: not UTF-8 text (near line {lineno + 1}: {exc.reason}); save the file as UTF-8"
-        ) from None
+    with p.open("rb") as f:  # decoded line by line, so that a bad byte is reported on its own line
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{p}: not UTF-8 text (line {lineno}, byte {exc.start} of the line: {exc.reason}); "
+                    "save the file as UTF-8"
+                ) from None
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}: line {lineno} is not valid JSON: {exc.msg}") from None

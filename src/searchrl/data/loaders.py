@@ -114,7 +114,10 @@ def load_flashrag(path: Path, corpus: list[Doc] | None = None) -> list[Example]:
         if "question" not in row or ("golden_answers" not in row and "answers" not in row):
             raise DataError(f"{path}: row {i} needs 'question' and 'golden_answers', has {sorted(row)}")
         row.setdefault("id", str(i))
-        out.append(Example.from_json(row))
+        try:
+            out.append(Example.from_json(row))
+        except DataError as exc:
+            raise DataError(f"{path}: row {i}: {exc}") from None
     return out
 
 

@@ -16,10 +16,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from searchrl.engine.engine import Engine
+from searchrl.errors import SearchRLError
 from searchrl.models.policy import is_peft, lm_of
 
 
@@ -70,14 +73,23 @@ class Checkpointer:
         """The newest valid checkpoint: the one ``latest`` names, else (said aloud) the newest complete one."""
         pointer = self.dir / "latest"
         named = self.dir / pointer.read_text().strip() if pointer.exists() else None
-        if named is not None and is_valid_checkpoint(named):
-            return named
-        done = self._done()[::-1]
-        for path in done:
-            if is_valid_checkpoint(path):
-                what = f"{named.name} is incomplete" if named is not None else "no 'latest' pointer"
-                self.engine.print(f"checkpoint {what}; resuming from the newest valid one, {path}")
+        skipped = []
+        if named is not None:
+            problem = checkpoint_problem(named) if named.exists() else "missing"
+            if problem is None:
+                return named
+            skipped.append(f"{named.name} ({problem})")
+        for path in self._done()[::-1]:
+            if named is not None and path.name == named.name:
+                continue
+            problem = checkpoint_problem(path)
+            if problem is None:
+                what = ", ".join(skipped) if skipped else "no 'latest' pointer"
+                self.engine.print(f"checkpoint skipped: {what}; resuming from the newest valid one, {path}")
                 return path
+            skipped.append(f"{path.name} ({problem})")
+        if skipped:
+            self.engine.print(f"no valid checkpoint to resume from: {'; '.join(skipped)}")
         return None
 
     def _done(self) -> list[Path]:
@@ -104,11 +116,13 @@ class Checkpointer:
         tmp = self.dir / f"step-{step:06d}.tmp"
         if eng.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        eng.wait()
-        self.export_model(tmp / "model")
-        kwargs = {"exclude_frozen_parameters": True} if (self.lora and eng.is_deepspeed) else {}
-        eng.accelerator.save_state(str(tmp / "state"), safe_serialization=True, **kwargs)
+        with disk_errors(tmp):
+            if eng.is_main:
+                tmp.mkdir(parents=True)
+            eng.wait()
+            self.export_model(tmp / "model")
+            kwargs = {"exclude_frozen_parameters": True} if (self.lora and eng.is_deepspeed) else {}
+            eng.accelerator.save_state(str(tmp / "state"), safe_serialization=True, **kwargs)
         eng.wait()
         if eng.is_main:
             (tmp / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
@@ -136,7 +150,8 @@ class Checkpointer:
         if eng.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         eng.wait()
-        self.export_model(tmp)
+        with disk_errors(tmp):
+            self.export_model(tmp)
         eng.wait()
         if eng.is_main:
             shutil.rmtree(out, ignore_errors=True)
@@ -145,9 +160,22 @@ class Checkpointer:
         return out
 
     def load(self, path: Path) -> dict[str, Any]:
+        """Restore the training state of the checkpoint at ``path``. accelerate reads the optimizer and RNG
+        states with ``torch.load(weights_only=True)``: a pickle that would build other objects (run code) is
+        refused, here with one message naming the checkpoint."""
+        import pickle
+
         eng = self.engine
         kwargs = {"load_module_strict": False} if eng.is_deepspeed else {"strict": not self.lora}
-        eng.accelerator.load_state(str(path / "state"), **kwargs)
+        try:
+            eng.accelerator.load_state(str(path / "state"), **kwargs)
+        except (pickle.UnpicklingError, EOFError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(
+                f"{path / 'state'}: a pickled state file (optimizer, scheduler or RNG) could not be loaded as "
+                f"plain tensors, so it was refused and nothing in it ran ({first[:200]}). Resume from another "
+                "checkpoint (delete this one) or start over with --force"
+            ) from None
         return json.loads((path / "trainer.json").read_text())
 
     def _prune(self) -> None:
@@ -172,12 +200,73 @@ def has_weights(model_dir: Path) -> bool:
 
 
 def is_valid_checkpoint(path: Path) -> bool:
-    """Everything a resume reads: a readable ``trainer.json``, the training state and the exported model."""
+    """Everything a resume reads: a readable ``trainer.json``, the training state and the exported model,
+    every safetensors file whole (`checkpoint_problem`)."""
+    return checkpoint_problem(path) is None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why a resume cannot use the checkpoint at ``path`` (None: it can): ``trainer.json`` unreadable, no
+    state or model, or a safetensors file whose header is unreadable or whose size is not what its header
+    says (a write cut short by a kill or a full disk)."""
     try:
         json.loads((path / "trainer.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (path / "state").is_dir() and has_weights(path / "model")
+    except (OSError, ValueError) as exc:
+        return f"trainer.json unreadable ({type(exc).__name__})"
+    if not (path / "state").is_dir():
+        return "no state/ directory"
+    if not has_weights(path / "model"):
+        return "no model weights"
+    for f in sorted(path.glob("*/**/*.safetensors")):
+        problem = safetensors_problem(f)
+        if problem is not None:
+            return f"{f.relative_to(path)}: {problem}"
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """A safetensors file checked without loading it: 8 bytes of header length, a JSON header, and data
+    exactly as long as the header's offsets say."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n <= 0 or 8 + n > size:
+                return f"header length {n} does not fit a file of {size} bytes"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as exc:
+        return f"unreadable header ({type(exc).__name__})"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    expected = 8 + n + max(ends, default=0)
+    return None if size == expected else f"{size} bytes where its header says {expected} (truncated?)"
+
+
+class CheckpointError(SearchRLError):
+    """A checkpoint that cannot be written (disk full, no permission) or read (refused pickled state)."""
+
+
+@contextmanager
+def disk_errors(tmp: Path) -> Iterator[None]:
+    """A write that fails for lack of space or permission ends in one message naming the path and the free
+    space; the partial ``tmp`` is removed and the earlier checkpoints stay as they were."""
+    try:
+        yield
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        markers = ("No space", "StorageFull", "unexpected pos", "failed writing", "Disk quota", "Read-only")
+        writer = isinstance(exc, OSError | RuntimeError) or "Safetensor" in type(exc).__name__
+        if not writer or not (isinstance(exc, OSError) or any(m in text for m in markers)):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            free = f"{shutil.disk_usage(tmp.parent).free / 2**20:,.0f} MiB free"
+        except OSError:
+            free = "free space unknown"
+        raise CheckpointError(
+            f"could not write {tmp.with_suffix('') if tmp.suffix == '.tmp' else tmp} ({free} on that disk): "
+            f"{text.splitlines()[0][:200]}. The earlier checkpoints are intact; free some space (or set "
+            "trainer.keep_checkpoints lower) and run again with --resume"
+        ) from None
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -171,6 +171,9 @@ class Trainer:
                 **exp.rollout.backend_args,
             )
             rewards = RewardPipeline(exp.rewards, {"docs": lambda: {d.id: d for d in rt.corpus}})
+            from searchrl.rollout.loop import check_prompt_room
+
+            check_prompt_room(env, self.tokenizer, rt.examples("train"), exp.rollout.max_total_tokens)
         return Context(
             env=env,
             generator=generator,

@@ -41,11 +41,27 @@ def load_model_and_tokenizer(path: str | Path, dtype: str = "float32", whole: bo
     local = Path(path).is_dir()
     if not local and Path(path).exists():
         raise DataError(f"model path {path} is a file; pass the directory that holds config.json")
+    if not local and _looks_local(str(path)):
+        raise DataError(
+            f"model path {path} not found (a local directory; a hub id is 'org/name'). Check the config's "
+            "model.path, warm_start.checkpoint or --model"
+        )
+    if local:
+        refuse_pickled_weights(Path(path))
     try:
         torch_dtype = getattr(torch, dtype)
     except AttributeError as exc:
         raise DataError(f"unknown dtype {dtype!r}; valid: float32, bfloat16, float16") from exc
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=local)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=local)
+    except (OSError, ValueError) as exc:
+        if local:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(
+            f"model path {path}: no such local directory, and no hub model of that id could be loaded "
+            f"({first[:200]})"
+        ) from None
     with _unpartitioned() if whole else nullcontext():
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=torch_dtype, local_files_only=local, **kwargs
@@ -53,3 +69,22 @@ def load_model_and_tokenizer(path: str | Path, dtype: str = "float32", whole: bo
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def _looks_local(path: str) -> bool:
+    """A path, not a hub id ('org/name'): absolute, relative with ./ ../ ~, or more than one '/'."""
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
+
+
+def refuse_pickled_weights(model_dir: Path) -> None:
+    """A model directory whose only weights are pickles (``pytorch_model.bin``): refused, naming the file.
+    A pickle can run code when it is loaded; safetensors cannot."""
+    if any(model_dir.glob("*.safetensors")) or (model_dir / "model.safetensors.index.json").exists():
+        return
+    pickled = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
+    if pickled:
+        raise DataError(
+            f"{model_dir / pickled[0]}: the model's weights are a pickle ({', '.join(pickled)}), which can run "
+            "code when loaded; searchrl reads safetensors only. Convert them where you trust the file: "
+            "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)"
+        )

@@ -14,10 +14,10 @@ Backends:
   is read from the environment variable named by ``api_key_env`` and never logged). A local model can
   be served that way with ``searchrl serve-model``.
 
-A request that times out, fails, or returns no parsable score scores 0 and is counted as a failure
-(``slate/judge_failures``). Requests that fail outright (the endpoint down, HTTP errors, a wrong key) are
-counted per service (``service/judge/failures``); above ``max_failure_rate`` (default 5%) of the requests
-the run stops with an error naming the endpoint and the HTTP status, never the key.
+A request that times out, fails, or returns no parsable score scores 0 and is counted as a failure, both in
+``slate/judge_failures`` and per service (``service/judge/failures``, the console summary): above
+``max_failure_rate`` (default 5%) of the requests the run stops with an error naming the endpoint and the
+HTTP status or the unparsable reply, never the key.
 """
 
 from __future__ import annotations
@@ -171,6 +171,8 @@ class LLMJudge:
             score = parse_score(reply)
             failed[i] |= score is None
             parts[i][part] = score if score is not None else 0.0
+            if score is None and reply is not None:  # answered, but unusable: a failure like any other
+                self.client.counter.reject(f"a {part} reply had no <score>: {reply[-160:]!r}")
         out = []
         for i, it in enumerate(
             items

@@ -12,7 +12,7 @@ from typing import Any
 
 from searchrl.envs.summarize import NO_ANSWER, SUMMARY_PROMPT, SummaryItem
 from searchrl.errors import DataError
-from searchrl.serving import FailureCounter, ServiceError, post_json
+from searchrl.serving import FailureCounter, ServiceError, post_json, redact
 
 Messages = list[dict[str, str]]
 
@@ -47,8 +47,9 @@ class LocalChat:
 
     def complete(
         self, conversations: list[Messages], max_tokens: int = 256, temperature: float = 0.0
-    ) -> list[tuple[str, str]]:
-        """(text, finish reason "stop" | "length") per conversation; over-long prompts keep their end."""
+    ) -> list[tuple[str, str, int, int]]:
+        """(text, finish reason "stop" | "length", prompt tokens, completion tokens) per conversation;
+        over-long prompts keep their end."""
         from searchrl.rollout.generator import SamplingParams
 
         keep = max(1, self.max_context - max_tokens)
@@ -58,8 +59,10 @@ class LocalChat:
             (
                 self.tokenizer.decode(g.token_ids, skip_special_tokens=True),
                 "length" if g.finish == "length" else "stop",
+                len(p),
+                len(g.token_ids),
             )
-            for g in gens
+            for p, g in zip(prompts, gens)
         ]
 
 
@@ -102,7 +105,8 @@ class OpenAIChatClient:
         try:
             text = str(out["choices"][0]["message"]["content"])
         except (KeyError, IndexError, TypeError):
-            self.counter.record(f"{self.url} answered without choices[0].message.content: {str(out)[:200]}")
+            shown = redact(str(out)[:200], [key] if key else [])
+            self.counter.record(f"{self.url} answered without choices[0].message.content: {shown}")
             return None
         self.counter.record()
         return text
@@ -134,17 +138,23 @@ def chat_client(
         raise DataError(f"{key}.model is required: a local model directory (hf) or a model name (openai)")
     if backend == "openai":
         return OpenAIChatClient(url, model, api_key_env, timeout, retries, workers, service, max_failure_rate)
-    return _LocalClient(LocalChat.load(model))
+    return _LocalClient(LocalChat.load(model), FailureCounter(service, model, max_failure_rate))
 
 
 class _LocalClient:
-    def __init__(self, chat: Any) -> None:
-        self.chat = chat
+    """A local model behind the client interface; its requests are counted like an endpoint's (a reply its
+    caller cannot use is rejected there)."""
+
+    def __init__(self, chat: Any, counter: FailureCounter) -> None:
+        self.chat, self.counter = chat, counter
 
     def complete(
         self, conversations: list[list[dict[str, str]]], max_tokens: int, temperature: float
     ) -> list[str | None]:
-        return [text for text, _ in self.chat.complete(conversations, max_tokens, temperature)]
+        out = [reply[0] for reply in self.chat.complete(conversations, max_tokens, temperature)]
+        for _ in out:
+            self.counter.record()
+        return out
 
 
 class LLMSummarizer:

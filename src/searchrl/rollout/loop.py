@@ -55,6 +55,29 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def check_prompt_room(
+    env: SearchEnv, tokenizer: Any, examples: Sequence[Example], max_total_tokens: int
+) -> None:
+    """Refuse a ``rollout.max_total_tokens`` that the longest prompt of ``examples`` already fills: every
+    episode of that question would end before its first action."""
+    if not examples:
+        return
+    prompts = [env.reset(ex).prompt for ex in examples]
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    i = max(range(len(lengths)), key=lengths.__getitem__)
+    if lengths[i] >= max_total_tokens:
+        from searchrl.errors import ConfigError
+
+        raise ConfigError(
+            f"leaves no room to act: the longest prompt the template renders is {lengths[i]} tokens "
+            f"(question {examples[i].id!r}; {sum(n >= max_total_tokens for n in lengths)} of {len(lengths)} "
+            "prompts are as long), and an episode's prompt, actions and observations share this budget",
+            key="rollout.max_total_tokens",
+            value=max_total_tokens,
+            hint=f"raise it well above {lengths[i]} (prompt + turns x (action + documents))",
+        )
+
+
 def start_trajectories(
     env: SearchEnv, tokenizer: Any, examples: Sequence[Example], group_size: int = 1, first_group: int = 0
 ) -> list[Trajectory]:
