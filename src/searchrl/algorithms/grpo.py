@@ -8,7 +8,7 @@ in the loss. Defaults are ReSearch's Table 4 (clip 0.2, KL 0.001, 5 rollouts: ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from searchrl.aggregate import Mean
 from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
+from searchrl.algorithms.correction import RolloutCorrection
 from searchrl.algorithms.losses import check_clip, check_stabilisers, clipped_policy_loss
 from searchrl.functional import masked_sum
 from searchrl.types import RolloutBatch
@@ -44,6 +45,8 @@ class GroupPolicyConfig:
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
         "token-mean"
     )
+    # sampler-trainer importance weights or masks (`algorithms.correction`); mode none: the papers' eq. 1
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
     def __post_init__(self) -> None:
         check_clip(self.clip_low, self.clip_high)
@@ -100,6 +103,12 @@ class GRPO(Algorithm):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
         loss, metrics = clipped_policy_loss(
-            logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low, cfg.clip_high, cfg.dual_clip
+            logp,
+            mb.extras["old_logp"],
+            mb.extras["advantages"],
+            cfg.clip_low,
+            cfg.clip_high,
+            cfg.dual_clip,
+            mb.extras.get("is_weight"),
         )
         return self.with_kl(loss, metrics, logp, entropy, mb)

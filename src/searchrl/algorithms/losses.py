@@ -36,6 +36,7 @@ def clipped_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO/GRPO clipped surrogate, negated for minimisation (ReSearch eq. 1, Schulman et al. 2017):
 
@@ -43,7 +44,8 @@ def clipped_policy_loss(
     Separate ε_low / ε_high allow DAPO's clip-higher. The log-ratio is held to ±20 before the exp, as verl
     does, so a stale token cannot overflow (it changes nothing below ρ = 4.8e8). ``dual_clip`` = c > 1 bounds
     the loss of negative-advantage tokens by −c·A_t (Ye et al. 2020, verl's ``clip_ratio_c``, default 3
-    there); None, our default, is the papers' eq. 1.
+    there); None, our default, is the papers' eq. 1. ``weight`` (B, T), a constant: the sampler-trainer
+    correction w_t of the decoupled objective (`algorithms.correction`), ℓ_t ← w_t · ℓ_t.
     """
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
@@ -57,6 +59,8 @@ def clipped_policy_loss(
         capped = (advantages < 0) & (loss > bound)
         loss = torch.where(capped, bound, loss)
         metrics["dual_clip_frac"] = capped.float().detach()
+    if weight is not None:
+        loss = loss * weight.detach()
     with torch.no_grad():
         clip_frac = (clipped < unclipped).float()  # the clip was active
         approx_kl = 0.5 * log_ratio**2

@@ -20,13 +20,14 @@ StepSearch Appendix B's 7e-7 / 7e-6).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size, head_param_groups
+from searchrl.algorithms.correction import RolloutCorrection
 from searchrl.algorithms.losses import check_clip, check_stabilisers, clipped_policy_loss
 from searchrl.types import RolloutBatch
 
@@ -60,6 +61,8 @@ class PPOConfig:
         "token-mean"
     )
     group_size: int = 1  # rollouts per question (Search-R1's PPO: one; the critic needs no group)
+    # sampler-trainer importance weights or masks on the policy loss (`algorithms.correction`)
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
     def __post_init__(self) -> None:
         check_clip(self.clip_low, self.clip_high)
@@ -156,7 +159,13 @@ class PPO(Algorithm):
         if values is None:
             raise RuntimeError("PPO needs the value head's outputs; the trainer passes them")
         pg, metrics = clipped_policy_loss(
-            logp, mb.extras["old_logp"], mb.extras["advantages"], cfg.clip_low, cfg.clip_high, cfg.dual_clip
+            logp,
+            mb.extras["old_logp"],
+            mb.extras["advantages"],
+            cfg.clip_low,
+            cfg.clip_high,
+            cfg.dual_clip,
+            mb.extras.get("is_weight"),
         )
         if self.step < cfg.critic_warmup_steps:
             pg = pg * 0.0

@@ -24,6 +24,7 @@ import torch
 from searchrl.aggregate import Max, Mean, Sum
 from searchrl.algorithms import ALGORITHMS
 from searchrl.algorithms.base import Algorithm, Context, Requirements
+from searchrl.algorithms.correction import RolloutCorrection, correction_weights
 from searchrl.config import ConfigError, TrainerConfig, from_dict
 from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
@@ -133,6 +134,9 @@ class Trainer:
         self.old_pass = req.old_logprobs and (
             req.old_in_prepare or req.value_head or cfg.epochs * cfg.mini_batches > 1
         )
+        # sampler-trainer correction of the online algorithms (None: the algorithm has no sampled log-probs)
+        corr = getattr(algo_cfg, "rollout_correction", None)
+        self.correction: RolloutCorrection | None = corr if req.online and req.old_logprobs else None
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = self._resume() if resume else 0
@@ -241,13 +245,46 @@ class Trainer:
                 vals[idx, :width] = v
         return out * batch.loss_mask, None if vals is None else vals * batch.loss_mask
 
-    def _compare_sampler(self, logp: torch.Tensor, batch: RolloutBatch) -> None:
-        """Accumulate |sampled − recomputed| log-probs over ``batch``'s action tokens."""
-        diff = (logp - batch.sampled_logprobs).abs() * batch.loss_mask
+    def _mismatch(self, old_logp: torch.Tensor, batch: RolloutBatch) -> None:
+        """The sampler's log-probs against the trainer's π_old over ``batch``'s action tokens: accumulates
+        |difference| and the correction's diagnostics, and puts the correction weights (`algorithms.correction`,
+        ``algorithm.rollout_correction``) in ``batch.extras["is_weight"]`` unless its mode is none."""
+        diff = (old_logp - batch.sampled_logprobs).abs() * batch.loss_mask
         d = self._sampler_diff
         d[0] += float(diff.sum())
         d[1] += float(batch.loss_mask.sum())
         d[2] = max(d[2], float(diff.max())) if diff.numel() else d[2]
+        corr = self.correction
+        if corr is None:
+            return
+        w, stats = correction_weights(old_logp, batch.sampled_logprobs, batch.loss_mask, corr)
+        if corr.mode != "none":
+            batch.extras["is_weight"] = w
+        acc = self._corr_sums
+        for k in ("tokens", "k3_kl", "cut_tokens", "cut_seq", "w_sum", "w_sq_sum"):
+            acc[k] += float(stats[k].sum())
+        acc["sequences"] += float((stats["tokens"] > 0).sum())
+
+    def _mismatch_metrics(self) -> dict[str, float]:
+        """Per-step metrics of the sampler-trainer mismatch (globally combined; ``rollout_corr/ess`` is derived
+        after the reduction)."""
+        total, tokens, worst = self._sampler_diff
+        out: dict[str, float] = {
+            "rollout/logprob_abs_diff": Mean(total, tokens),
+            "rollout/logprob_max_diff": Max(worst),
+        }
+        if self.correction is not None:
+            a = self._corr_sums
+            out.update(
+                {
+                    "rollout_corr/k3_kl": Mean(a["k3_kl"], a["tokens"]),  # KL(μ ‖ π_old) per token
+                    "rollout_corr/cut_token_frac": Mean(a["cut_tokens"], a["tokens"]),  # truncated / rejected
+                    "rollout_corr/cut_seq_frac": Mean(a["cut_seq"], a["sequences"]),
+                    "rollout_corr/w_mean": Mean(a["w_sum"], a["tokens"]),
+                    "rollout_corr/w_sq_mean": Mean(a["w_sq_sum"], a["tokens"]),
+                }
+            )
+        return out
 
     def _length_order(self, batch: RolloutBatch) -> list[int]:
         """Rows by length (less padding per micro-batch); pairs stay adjacent, by their longer row."""
@@ -276,7 +313,7 @@ class Trainer:
                 )
                 if self.req.old_logprobs and not self.old_pass:  # one update per batch: π_old is π_θ now
                     mb.extras["old_logp"] = logp.detach()
-                    self._compare_sampler(mb.extras["old_logp"], mb)
+                    self._mismatch(mb.extras["old_logp"], mb)
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
@@ -318,6 +355,7 @@ class Trainer:
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
         local: dict[str, float] = {**collect_metrics}
         self._sampler_diff = [0.0, 0.0, 0.0]  # |sampled − recomputed log-prob|: sum, tokens, max
+        self._corr_sums: dict[str, float] = defaultdict(float)
         if self.old_pass:
             with eng.phase("old log-probs", step):
                 batch.extras["old_logp"], old_values = self._no_grad_pass(
@@ -325,7 +363,7 @@ class Trainer:
                 )
             if old_values is not None:
                 batch.extras["old_values"] = old_values
-            self._compare_sampler(batch.extras["old_logp"], batch)
+            self._mismatch(batch.extras["old_logp"], batch)
         if self.reference is not None:
             with eng.phase("reference log-probs", step), self.reference.model() as ref:
                 batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)[0]
@@ -345,9 +383,7 @@ class Trainer:
                     self._update(batch.select(chunk.tolist()), sums)
         if self.req.old_logprobs:
             # the sampler's log-probs against the trainer's recompute: stale or mismatched weights show here
-            total, tokens, worst = self._sampler_diff
-            local["rollout/logprob_abs_diff"] = Mean(total, tokens)
-            local["rollout/logprob_max_diff"] = Max(worst)
+            local.update(self._mismatch_metrics())
         if self.ctx.generator is not None:
             self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
         trained = batch.loss_mask.sum(-1) > 0  # rows with loss tokens (padding rows have none)
@@ -376,6 +412,12 @@ class Trainer:
             _debug_stall(eng, step, "metrics")
             out = eng.reduce_metrics(local)
         out["time/tokens_per_s"] = out["train/action_tokens"] / max(out["time/step_s"], 1e-9)
+        if (
+            "rollout_corr/w_sq_mean" in out
+        ):  # normalised effective sample size of the weights, (Σw)² / (n Σw²)
+            out["rollout_corr/ess"] = out["rollout_corr/w_mean"] ** 2 / max(
+                out["rollout_corr/w_sq_mean"], 1e-30
+            )
         for k, v in out.items():  # totals over the run, equal on every process: all stop together
             if k.startswith("service/"):
                 self._service_totals[k] = self._service_totals.get(k, 0.0) + v
