@@ -223,6 +223,14 @@ class GuardsConfig:
 
 
 @dataclass(frozen=True)
+class AsyncRolloutConfig:
+    """Asynchronous rollouts (``trainer.async_rollout``): a worker samples the next steps' episodes while the
+    trainer trains; step i trains on tokens sampled by policy versions ≥ i − max_staleness."""
+
+    max_staleness: int = 0  # 0: synchronous (on-policy, today's trainer); 1: one step off; k: up to k behind
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     steps: int = 100  # optimizer steps per epoch × mini_batch == rollout batches
     batch_size: int = 16  # questions (online) or records (SFT) per step, across all processes
@@ -253,6 +261,8 @@ class TrainerConfig:
     wandb_project: str | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+    # asynchronous partial rollouts under a staleness cap (`searchrl.rollout.async_rollout`)
+    async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
 
     def __post_init__(self) -> None:
         if self.schedule == "wsd" and not 0 < self.decay_fraction <= 1:
@@ -359,6 +369,7 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     },
     "WarmStartConfig": {"teacher_passes": _AT_LEAST_1},
     "GuardConfig": {"window": _AT_LEAST_1, "after": _AT_LEAST_0},
+    "AsyncRolloutConfig": {"max_staleness": _AT_LEAST_0},
     "GuardsConfig": {"lr_scale": (lambda v: 0 < v <= 1, "in (0, 1]"), "max_rollbacks": _AT_LEAST_0},
     "EvalConfig": {"limit": _AT_LEAST_1, "temperature": _AT_LEAST_0, "best_of_temperature": _AT_LEAST_0},
     "ProcessDataConfig": {"n": _AT_LEAST_1, "limit": _AT_LEAST_1, "temperature": _AT_LEAST_0},

@@ -80,12 +80,15 @@ class Segment:
     kind: SegmentKind
     token_ids: list[int]
     logprobs: list[float] | None = None  # sampling logprobs, actions only (one per token)
+    versions: list[int] | None = None  # policy version that sampled each token (asynchronous rollouts)
 
     def __post_init__(self) -> None:
         if self.kind == "action" and self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
             raise ValueError(
                 f"action segment has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs"
             )
+        if self.versions is not None and len(self.versions) != len(self.token_ids):
+            raise ValueError(f"segment has {len(self.token_ids)} tokens but {len(self.versions)} versions")
 
 
 @dataclass

@@ -103,6 +103,7 @@ class Trainer:
         algo_cls: Any = ALGORITHMS.get(algorithm)
         algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
         self.req = req = algo_cls.requires(algo_cfg, exp.env)
+        self._check_async(algo_cls)  # before anything is loaded
         self.rows, self.micro, accum = batch_shape(cfg, req, algorithm, distributed_state().num_processes)
         self.engine = eng = Engine(
             grad_accum=accum,
@@ -138,6 +139,7 @@ class Trainer:
         corr = getattr(algo_cfg, "rollout_correction", None)
         self.correction: RolloutCorrection | None = corr if req.online and req.old_logprobs else None
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
+        self.pipeline: Any = None  # the asynchronous rollout worker (`rollout.async_rollout`), started by run
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = self._resume() if resume else 0
         self._service_totals: dict[str, float] = {}
@@ -189,6 +191,80 @@ class Trainer:
             records=records,
             sum_all=eng.sum,
         )
+
+    def _check_async(self, algo_cls: type) -> None:
+        """Refuse ``trainer.async_rollout`` where this version cannot run it, with the reason."""
+        if self.cfg.async_rollout.max_staleness == 0:
+            return
+        exp = self.rt.exp
+        why = None
+        if not self.req.online:
+            why = (
+                f"'{self.algorithm}' trains on given records; asynchronous rollouts are for online algorithms"
+            )
+        elif getattr(algo_cls, "collect", None) is not Algorithm.collect:
+            why = (
+                f"'{self.algorithm}' collects step by step (each step's continuation is chosen from its "
+                "candidates' rewards), so its episodes cannot run ahead of the trainer; use grpo, ppo or steppo"
+            )
+        elif exp.rollout.backend != "hf" or exp.rollout.loop != "episode":
+            why = (
+                "the rollout worker runs the HF backend's per-episode loop (rollout.backend: hf, rollout.loop: "
+                f"episode), not backend '{exp.rollout.backend}' with loop '{exp.rollout.loop}'"
+            )
+        elif (world := distributed_state().num_processes) > 1:
+            why = (
+                f"the rollout worker runs beside a single training process; this run has {world} "
+                "(launch with one process, or max_staleness: 0)"
+            )
+        if why is not None:
+            raise ConfigError(
+                why,
+                key="trainer.async_rollout.max_staleness",
+                value=self.cfg.async_rollout.max_staleness,
+                choices=["0"],
+            )
+
+    def _start_pipeline(self, step: int) -> None:
+        """The asynchronous rollout worker, on a copy of the policy, producing steps ``step`` … on."""
+        from searchrl.rollout.async_rollout import AsyncRollout
+
+        if self.pipeline is not None:
+            self.pipeline.close()
+        exp, ctx, eng = self.rt.exp, self.ctx, self.engine
+        self.pipeline = AsyncRollout(
+            eng.unwrap(self.policy),
+            lambda model: GENERATORS.get("hf")(
+                model,
+                self.tokenizer,
+                ctx.env.tags.stop_strings,
+                batch_size=exp.rollout.batch_size,
+                continuous=True,
+                **exp.rollout.backend_args,
+            ),
+            ctx.env,
+            self.tokenizer,
+            ctx.sampling,
+            ctx.train_examples,
+            self.schedule.indices,
+            self.algo.cfg.group_size,
+            ctx.max_total_tokens,
+            self.cfg.async_rollout.max_staleness,
+            start_step=step,
+            end_step=self.cfg.steps,
+        )
+        self.pipeline.start()
+
+    def _collect(self, step: int, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
+        """This step's training rows: from the asynchronous worker, scored here, or collected now."""
+        if self.cfg.async_rollout.max_staleness:
+            if self.pipeline is None:
+                self._start_pipeline(step)
+            trajs, metrics = self.pipeline.take(step)
+            assert self.ctx.rewards is not None
+            return trajs, {**metrics, **self.ctx.rewards(trajs)}
+        with self._generation_session():
+            return self.algo.collect(indices)
 
     def _resume(self) -> int:
         """The step of the latest checkpoint, restored (0 when there is none)."""
@@ -347,8 +423,8 @@ class Trainer:
         t0 = time.perf_counter()
         indices = self.schedule.indices(step)[eng.rank :: eng.world_size]
         algo.step = step
-        with eng.phase("collect", step), self._generation_session():
-            trajs, collect_metrics = algo.collect(indices)
+        with eng.phase("collect", step):
+            trajs, collect_metrics = self._collect(step, indices)
             _debug_stall(eng, step, "collect")
         trajs = self._pad(trajs)
         t_collect = time.perf_counter() - t0
@@ -386,6 +462,8 @@ class Trainer:
             local.update(self._mismatch_metrics())
         if self.ctx.generator is not None:
             self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
+        if self.pipeline is not None:  # the worker samples with these weights from its next decode step
+            self.pipeline.sync(eng.unwrap(self.policy), step + 1)
         trained = batch.loss_mask.sum(-1) > 0  # rows with loss tokens (padding rows have none)
         local.update({k: Sum(v) for k, v in sums.items()})  # shares of globally normalised means
         if self._grad_norms:  # global already: every process holds the same value
@@ -463,6 +541,7 @@ class Trainer:
                 except NonFiniteError as exc:
                     # window 0: the step failed mid-update; the checkpoint before it is good
                     step = self._on_trip(Trip(done, "non-finite", str(exc), math.nan, "finite", 0), guards)
+                    self._restart_pipeline()
                     continue
                 # every eval_every steps and at the last, so that the held-out curve ends at the final policy
                 if (
@@ -478,12 +557,16 @@ class Trainer:
                 self.sink.log(done, metrics)
                 if trip is not None:
                     step = self._on_trip(trip, guards)
+                    self._restart_pipeline()
                     continue
                 if done % cfg.save_every == 0 or done == cfg.steps:
                     with eng.phase("checkpoint", step):
                         self.ckpt.save(done, {"metrics": metrics, "algorithm": self.algo.state_dict()})
                 step = done
         finally:
+            if self.pipeline is not None:
+                self.pipeline.close()
+                self.pipeline = None
             self.sink.close()
             for line in failure_summary():
                 eng.print(line)
@@ -491,6 +574,13 @@ class Trainer:
                 eng.print(f"collapse guards: {len(self._trip_log)} trip(s), see {self.out / 'guards.json'}")
         with eng.phase("final export"):
             return self.ckpt.export_final(self.out / "final")
+
+    def _restart_pipeline(self) -> None:
+        """After a rollback the episodes sampled ahead came from the discarded weights: the worker restarts
+        (lazily, at the step the run continues from, on the restored weights)."""
+        if self.pipeline is not None:
+            self.pipeline.close()
+            self.pipeline = None
 
     def _on_trip(self, trip: Trip, guards: Guards) -> int:
         """A guard tripped (or a value went non-finite) at ``trip.step``: record it, then stop with a message

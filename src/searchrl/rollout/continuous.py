@@ -31,6 +31,8 @@ class _Request:
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version of each token
+    logits_version: int = 0  # the version whose forward produced the row's current logits
 
 
 class HFStream:
@@ -45,6 +47,9 @@ class HFStream:
         self.cache: Any = None  # DynamicCache over the rows
         self.mask = self.pos = self.logits = None  # (B, L) attention mask, (B,) last position, (B, V)
         self.forwards = 0  # model calls (prefills and decode steps), for benchmarks
+        # the policy version of the weights (asynchronous rollouts change the weights between steps: a
+        # token carries the version of the forward whose logits sampled it)
+        self.version = 0
 
     def add(self, key: Hashable, prompt: list[int], max_new_tokens: int | None = None) -> None:
         n = self.params.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -65,14 +70,15 @@ class HFStream:
         for j, (r, t, lp) in enumerate(zip(self.rows, tok.tolist(), tok_logp.tolist())):
             r.tokens.append(t)
             r.logprobs.append(lp)
+            r.versions.append(r.logits_version)
             if t in gen.eos_ids:
-                done.append((r.key, Generation(r.tokens, r.logprobs, "eos")))
+                done.append((r.key, Generation(r.tokens, r.logprobs, "eos", r.versions)))
             elif t in gen.stop_ids or gen.text_stop(r.tokens):
                 if gen.reuse_cache:  # all but the stop token have been fed
                     gen._save(r.key, r.prompt + r.tokens[:-1], self.cache, j, self.mask)
-                done.append((r.key, Generation(r.tokens, r.logprobs, "stop")))
+                done.append((r.key, Generation(r.tokens, r.logprobs, "stop", r.versions)))
             elif len(r.tokens) >= r.max_new_tokens:
-                done.append((r.key, Generation(r.tokens, r.logprobs, "length")))
+                done.append((r.key, Generation(r.tokens, r.logprobs, "length", r.versions)))
             else:
                 keep.append(j)
         if len(keep) < len(self.rows):
@@ -90,6 +96,8 @@ class HFStream:
             )
             self.forwards += 1
             self.cache, self.logits = output_cache(out), out.logits[:, -1, :]
+            for r in self.rows:
+                r.logits_version = self.version
         return done
 
     def close(self) -> None:
@@ -111,6 +119,8 @@ class HFStream:
         )
         self.forwards += 1
         logits = out.logits[:, -1, :]
+        for r in new:
+            r.logits_version = self.version
         if not self.rows:
             self.rows, self.cache, self.mask, self.pos, self.logits = (
                 new,

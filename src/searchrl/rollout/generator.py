@@ -21,6 +21,8 @@ class Generation:
     token_ids: list[int]  # exactly as sampled, up to and including the stop token
     logprobs: list[float]  # log π_T(token) with π_T = softmax(logits / T) (T = 1 when greedy), one per token
     finish: Literal["stop", "eos", "length"]
+    # the policy version whose logits sampled each token (asynchronous rollouts; None: the current policy)
+    versions: list[int] | None = None
 
 
 class Generator(Protocol):

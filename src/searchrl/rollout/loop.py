@@ -213,7 +213,7 @@ def record(
 ) -> None:
     """Append a sampled action (ids and log-probs as sampled) and its observation to ``t``; count it."""
     if g.token_ids:  # an empty generation (never from our backends) has no tokens to train on
-        t.segments.append(Segment("action", g.token_ids, g.logprobs))
+        t.segments.append(Segment("action", g.token_ids, g.logprobs, g.versions))
         t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t) - 1, info=info))
     if obs and env.append_only:
         t.segments.append(Segment("observation", encode(tokenizer, obs)))

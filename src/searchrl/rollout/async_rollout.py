@@ -1,0 +1,231 @@
+"""Asynchronous rollouts under a staleness cap, with partial rollouts.
+
+A worker thread keeps a continuous batch of episodes decoding (the per-episode agent loop of
+`searchrl.rollout.agent_loop`, on the generator's ``stream``) on its own copy of the policy, while the trainer
+trains on earlier episodes. After each optimizer step the trainer ships the weights (`sync`): the worker
+loads them between two decode steps, so episodes in flight go on with the new weights (partial rollouts:
+nothing is dropped) and every token records the policy version whose forward sampled it. The keys and values
+already cached for a running episode are kept, as in vLLM-based partial rollouts; the recorded log-probs
+are those of the computation that sampled, so the sampler-trainer correction (`algorithms.correction`)
+weighs exactly what happened.
+
+**The staleness cap.** Training step i consumes the episodes of step i's questions (the trainer's schedule),
+in order, whatever their length. The worker starts step j's episodes only once the policy has version
+≥ j − ``max_staleness`` (AReaL's admission rule, Fu et al. 2025 §5.1, with versions counted in optimizer steps).
+A token of step i's batch was therefore sampled by a version ≥ i − max_staleness when step i trains on it:
+the cap holds by construction, and a long episode is never dropped or overtaken by later questions (the
+starvation that consuming whatever finishes first causes: tinker-cookbook #822, verl #6780). While step i
+waits for its longest episode, the worker decodes steps i+1 … i+max_staleness, so the continuous batch
+stays full. ``max_staleness: 0`` is the synchronous trainer (it does not use this module).
+
+Runs in one process: the worker is a thread (PyTorch releases the GIL inside its kernels, so decoding and
+training overlap on separate cores). A run is not bit-reproducible (which version samples a token depends
+on timing); a resumed run restarts the pipeline at its checkpoint's step.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+
+from searchrl.aggregate import Max, Mean
+from searchrl.data.example import Example
+from searchrl.envs.search import SearchEnv
+from searchrl.rollout.agent_loop import WINDOW
+from searchrl.rollout.generator import Generation, SamplingParams
+from searchrl.rollout.loop import RolloutStats, finish, ready, start_trajectories, step_env
+from searchrl.types import Trajectory
+
+
+@dataclass
+class _Batch:
+    """The episodes of one training step."""
+
+    step: int
+    trajs: list[Trajectory]
+    admitted_version: int
+    stats: RolloutStats = field(default_factory=RolloutStats)
+    taken: list[int] = field(default_factory=list)
+    live: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class AsyncRollout:
+    """Episodes of step ``step``'s questions, ``group_size`` per question, produced ahead by a worker thread
+    on a copy of the policy. ``indices(step)`` gives the step's training items, ``examples`` the questions."""
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        make_generator: Callable[[torch.nn.Module], Any],
+        env: SearchEnv,
+        tokenizer: Any,
+        params: SamplingParams,
+        examples: list[Example],
+        indices: Callable[[int], list[int]],
+        group_size: int,
+        max_total_tokens: int,
+        max_staleness: int,
+        start_step: int,
+        end_step: int,
+        window: int = WINDOW,
+    ) -> None:
+        if max_staleness < 1:
+            raise ValueError(
+                f"max_staleness must be at least 1 for asynchronous rollouts, got {max_staleness}"
+            )
+        self.model = copy.deepcopy(policy).eval()  # the sampler's weights; the trainer's move under it
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.gen = make_generator(self.model)
+        self.env, self.tok, self.params, self.examples = env, tokenizer, params, examples
+        self.indices, self.group_size, self.max_total = indices, group_size, max_total_tokens
+        self.max_staleness, self.next_step, self.end_step, self.window = (
+            max_staleness,
+            start_step,
+            end_step,
+            window,
+        )
+        self.version = start_step  # optimizer steps taken by the weights the worker samples with
+        self._cond = threading.Condition()
+        self._weights = threading.Lock()  # held by the worker for each decode step
+        self._done: dict[int, _Batch] = {}
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="searchrl-rollout", daemon=True)
+        self.stream_forwards = 0
+
+    # ------------------------------------------------------------------------------------- trainer side
+    def start(self) -> None:
+        self._thread.start()
+
+    def take(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """Step ``step``'s finished episodes (blocking until its longest is done) and their metrics: the
+        rollout statistics and how stale their tokens are against the trainer's version ``step``."""
+        t0 = time.perf_counter()
+        with self._cond:
+            while step not in self._done and self._error is None:
+                self._cond.wait(timeout=1.0)
+                if not self._thread.is_alive() and step not in self._done and self._error is None:
+                    raise RuntimeError(f"the rollout worker stopped before producing step {step}'s episodes")
+            if self._error is not None:
+                raise RuntimeError(f"the rollout worker failed: {self._error!r}") from self._error
+            batch = self._done.pop(step)
+        waited = time.perf_counter() - t0
+        versions = [[v for s in t.segments if s.versions for v in s.versions] for t in batch.trajs]
+        ages = [step - v for vs in versions for v in vs]
+        oldest = [step - min(vs) for vs in versions if vs]
+        metrics: dict[str, float] = {
+            **batch.stats.metrics(),
+            "async/staleness_mean": Mean(sum(ages), len(ages)),  # versions behind the trainer, per token
+            "async/staleness_max": Max(max(ages, default=0)),
+            "async/episode_staleness_mean": Mean(sum(oldest), len(oldest)),  # of each episode's oldest token
+            "async/admitted_lag": Max(step - batch.admitted_version),  # versions between start and training
+            "async/wait_s": Max(waited),  # the trainer waiting for this step's longest episode
+            "async/episode_age_s": Max(time.perf_counter() - batch.t0),  # admission to training
+        }
+        return batch.trajs, metrics
+
+    def sync(self, policy: torch.nn.Module, version: int) -> None:
+        """Ship the trainer's weights after its optimizer step ``version``: loaded between two decode
+        steps; tokens sampled from then on carry ``version``."""
+        state = {k: v.detach() for k, v in policy.state_dict().items()}
+        with self._weights:
+            self.model.load_state_dict(state)
+            self.version = version
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    # ------------------------------------------------------------------------------------- worker side
+    def _admit(self, stream: Any, batches: dict[int, _Batch]) -> None:
+        """Start every step the cap allows: step j once the weights have version ≥ j − max_staleness."""
+        while self.next_step < self.end_step and self.next_step <= self.version + self.max_staleness:
+            j, idx = self.next_step, self.indices(self.next_step)
+            trajs = start_trajectories(self.env, self.tok, [self.examples[i] for i in idx], self.group_size)
+            for t in trajs:  # one group per question, ids as the synchronous collect gives them
+                t.group_id = idx[t.group_id]
+            b = batches[j] = _Batch(j, trajs, self.version, taken=[0] * len(trajs))
+            for i in range(len(trajs)):
+                self._submit(stream, b, i)
+            self.next_step += 1
+            if b.live == 0:
+                self._complete(batches.pop(j))
+
+    def _submit(self, stream: Any, b: _Batch, i: int) -> bool:
+        t = b.trajs[i]
+        if ready(t, self.env, self.tok, self.max_total, {}):
+            stream.add((b.step, i), t.token_ids, min(self.params.max_new_tokens, self.max_total - len(t)))
+            b.live += 1
+            return True
+        return False
+
+    def _complete(self, b: _Batch) -> None:
+        finish(b.trajs, b.stats, b.t0)
+        with self._cond:
+            self._done[b.step] = b
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            with self.gen.stream(self.params) as stream:
+                self._loop(stream)
+        except BaseException as exc:  # surfaced to the trainer by `take`
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _loop(self, stream: Any) -> None:
+        batches: dict[int, _Batch] = {}
+        waiting: list[tuple[Hashable, Generation]] = []
+        waited = 0
+        while True:
+            with self._cond:
+                if self._stop:
+                    return
+                if not len(stream) and not waiting:
+                    if self.next_step >= self.end_step and not batches:
+                        return  # every step produced
+                    if self.next_step > self.version + self.max_staleness:
+                        self._cond.wait(timeout=1.0)  # the cap: wait for the trainer's next weights
+                        continue
+            with self._weights:
+                stream.version = self.version
+                self._admit(stream, batches)
+                if len(stream):
+                    waiting += stream.step()
+                    self.stream_forwards += 1
+                    waited += bool(waiting)
+            if waiting and (waited > self.window or not len(stream)):
+                self._step_env(stream, waiting, batches)
+                waiting, waited = [], 0
+
+    def _step_env(
+        self, stream: Any, waiting: list[tuple[Hashable, Generation]], batches: dict[int, _Batch]
+    ) -> None:
+        """One batched environment step for the actions that ended, grouped by training step."""
+        by_step: dict[int, list[tuple[int, Generation]]] = {}
+        for key, g in waiting:
+            step, row = cast(tuple[int, int], key)
+            by_step.setdefault(step, []).append((row, g))
+        for j, actions in by_step.items():
+            b = batches[j]
+            for i in step_env(actions, b.trajs, self.env, self.tok, b.stats, b.taken):
+                b.live -= 1
+                # an episode that ended, or has no room left (it ends with "length"), drops its cache
+                if b.trajs[i].state.done or not self._submit(stream, b, i):  # type: ignore[union-attr]
+                    self.gen.release([(j, i)])
+            if b.live == 0:
+                self._complete(batches.pop(j))

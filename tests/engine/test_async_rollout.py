@@ -1,0 +1,201 @@
+"""Asynchronous rollouts: the staleness cap, token versions across a weight update (partial rollouts), no
+starvation of long episodes, refusal where the worker cannot run, and a training run end to end."""
+
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from searchrl.config import ConfigError, TrainerConfig
+from searchrl.engine.metrics import read_metrics
+from searchrl.rollout.async_rollout import AsyncRollout
+from searchrl.rollout.generator import GENERATORS, SamplingParams
+from searchrl.rollout.loop import rollout
+from searchrl.runtime import Runtime
+from tests.engine.test_trainer import trainer_for
+
+
+@pytest.fixture
+def exp(make_exp, agent_model_dir):
+    # the SFT'd tiny model: it searches, so episodes take 1-3 turns of different lengths
+    return make_exp(f"model.path={agent_model_dir}", "rollout.temperature=1.0", "env.max_turns=3")
+
+
+def pipeline(exp, steps, max_staleness, batch=2, group=2, **kw):
+    rt = Runtime(exp)
+    env = rt.env()
+    from searchrl.models.policy import load_policy
+
+    policy, tok = load_policy(str(exp.model.path), exp.model.dtype, None, False, False)
+    examples = rt.examples("train")
+    p = AsyncRollout(
+        policy,
+        lambda m: GENERATORS.get("hf")(m, tok, env.tags.stop_strings, batch_size=8, continuous=True),
+        env,
+        tok,
+        SamplingParams(1.0, 1.0, exp.rollout.max_new_tokens),
+        examples,
+        lambda s: [(s * batch + k) % len(examples) for k in range(batch)],
+        group,
+        exp.rollout.max_total_tokens,
+        max_staleness,
+        start_step=0,
+        end_step=steps,
+        **kw,
+    )
+    return p, policy
+
+
+def test_the_cap_holds_and_every_episode_is_trained_on_in_order(exp):
+    """A trainer that takes its time: the worker runs ahead by at most max_staleness steps, every token
+    of step i's batch was sampled by a version ≥ i − max_staleness, and each step gets all its episodes."""
+    steps, cap = 5, 2
+    p, policy = pipeline(exp, steps, cap)
+    p.start()
+    try:
+        for i in range(steps):
+            trajs, m = p.take(i)
+            assert len(trajs) == 4 and all(t.state.done for t in trajs)  # 2 questions x 2, all finished
+            versions = [v for t in trajs for s in t.segments if s.versions for v in s.versions]
+            assert versions and min(versions) >= i - cap and max(versions) <= i
+            assert m["async/staleness_max"] <= cap and m["async/admitted_lag"] <= cap
+            assert p.next_step <= i + cap + 1  # admitted no further than the cap allows
+            time.sleep(0.2)  # "training"
+            with torch.no_grad():
+                for q in policy.parameters():
+                    q.add_(1e-4)
+            p.sync(policy, i + 1)
+    finally:
+        p.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cap=st.integers(1, 4),
+    steps=st.integers(1, 12),
+    lags=st.lists(st.integers(0, 3), min_size=12, max_size=12),
+)
+def test_admission_rule_never_exceeds_the_cap(cap, steps, lags):
+    """The admission rule alone (no model): steps are admitted while next ≤ version + cap; the trainer
+    reaches step i with version i; whatever the timing (``lags``: admissions attempted between updates), the
+    version that admitted step i is ≥ i − cap, and each step is admitted exactly once, in order."""
+    admitted: dict[int, int] = {}
+    nxt, version = 0, 0
+    for i in range(steps):
+        for _ in range(lags[i] + 1):
+            while nxt < steps and nxt <= version + cap:
+                admitted[nxt] = version
+                nxt += 1
+        assert i in admitted and i - admitted[i] <= cap  # step i can train at version i
+        version = i + 1
+    assert sorted(admitted) == list(range(steps))
+
+
+def test_a_partial_rollout_carries_both_versions_across_a_weight_update(exp):
+    """Weights shipped while actions are being decoded: the in-flight episodes go on (none dropped) and
+    their tokens carry version 0 before the update and 1 after it, in that order."""
+    p, policy = pipeline(exp, 1, 1, batch=4, group=2)
+    gate = threading.Event()
+    step = type(p)._loop
+
+    def slow_loop(self, stream):  # decode a few tokens, then let the test update the weights
+        original = stream.step
+        count = [0]
+
+        def stepped():
+            count[0] += 1
+            if count[0] == 3:
+                gate.set()
+                time.sleep(0.5)
+            return original()
+
+        stream.step = stepped
+        return step(self, stream)
+
+    p._loop = slow_loop.__get__(p)
+    p.start()
+    assert gate.wait(30)
+    p.sync(policy, 1)  # the lock waits for the decode step in progress
+    trajs, m = p.take(0)
+    p.close()
+    seqs = [s.versions for t in trajs for s in t.segments if s.kind == "action"]
+    assert all(v == sorted(v) for v in seqs)  # versions never go back within an action
+    mixed = [v for v in seqs if 0 in v and 1 in v]
+    assert mixed, seqs  # an action that began under version 0 finished under version 1
+    assert m["async/staleness_max"] == 0  # step 0 trains at version 0: the worker's 1 is ahead, never behind
+    assert len(trajs) == 8 and all(t.state.done for t in trajs)
+
+
+def test_long_episodes_are_not_starved(exp):
+    """Episodes of very different lengths (1-3 turns): consumed in step order, each step gets exactly its
+    questions' episodes, so long ones are trained on at the same rate as short ones."""
+    steps = 4
+    p, policy = pipeline(exp, steps, 3, batch=3, group=2)
+    p.start()
+    lengths, got = [], []
+    try:
+        for i in range(steps):
+            trajs, _ = p.take(i)
+            got.append(sorted(t.group_id for t in trajs))
+            lengths += [len(t) for t in trajs]
+            p.sync(policy, i + 1)
+    finally:
+        p.close()
+    assert got == [
+        sorted([(i * 3 + k) % len(p.examples) for k in range(3) for _ in range(2)]) for i in range(4)
+    ]
+    assert max(lengths) > 1.5 * min(lengths)  # the mix was real
+
+
+def test_refused_where_the_worker_cannot_run(exp, tmp_path):
+    from searchrl.config import AsyncRolloutConfig
+
+    cfg = TrainerConfig(steps=2, batch_size=2, async_rollout=AsyncRolloutConfig(max_staleness=1))
+    with pytest.raises(ConfigError, match="collects step by step"):
+        trainer_for(exp, "slate", cfg, out=tmp_path / "s")
+    with pytest.raises(ConfigError, match="trains on given records"):
+        trainer_for(exp, "sft", cfg, records=[], out=tmp_path / "f")
+
+
+def test_grpo_trains_asynchronously_end_to_end(exp, tmp_path):
+    from searchrl.config import AsyncRolloutConfig
+
+    cfg = TrainerConfig(
+        steps=3,
+        batch_size=2,
+        micro_batch_size=8,
+        lr=1e-3,
+        save_every=10**6,
+        async_rollout=AsyncRolloutConfig(max_staleness=1),
+    )
+    args = {"kl_coef": 0.0, "rollout_correction": {"mode": "token_tis"}}
+    tr = trainer_for(exp, "grpo", cfg, args=args, out=tmp_path / "a")
+    tr.run()
+    rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    assert rows[0]["async/staleness_max"] == 0  # step 0's episodes were sampled by the initial weights
+    assert all(r["rollout_corr/w_mean"] > 0 for r in rows) and tr.pipeline is None  # closed
+
+
+def test_max_staleness_zero_is_the_synchronous_trainer(exp, tmp_path):
+    cfg = TrainerConfig(steps=1, batch_size=2, micro_batch_size=8, lr=1e-3, save_every=10**6)
+    tr = trainer_for(exp, "grpo", cfg, out=tmp_path / "z")
+    assert cfg.async_rollout.max_staleness == 0 and tr.pipeline is None
+    torch.manual_seed(0)
+    m = tr.step(0)
+    assert tr.pipeline is None and not any(k.startswith("async/") for k in m)
+
+
+def test_rollout_without_a_stream_keeps_versions_empty(exp):
+    rt = Runtime(exp)
+    env = rt.env()
+    from searchrl.models.policy import load_policy
+
+    policy, tok = load_policy(str(exp.model.path), exp.model.dtype, None, False, False)
+    gen = GENERATORS.get("hf")(policy, tok, env.tags.stop_strings, continuous=False)
+    trajs, _ = rollout(rt.examples("train")[:1], env, gen, tok, SamplingParams(1.0, 1.0, 8), 1, 256)
+    assert all(s.versions is None for t in trajs for s in t.segments)
