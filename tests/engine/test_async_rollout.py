@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from searchrl.config import ConfigError, TrainerConfig
 from searchrl.engine.metrics import read_metrics
-from searchrl.rollout.async_rollout import AsyncRollout
+from searchrl.rollout.async_rollout import AsyncRollout, admissible
 from searchrl.rollout.generator import GENERATORS, SamplingParams
 from searchrl.rollout.loop import rollout
 from searchrl.runtime import Runtime
@@ -79,14 +79,14 @@ def test_the_cap_holds_and_every_episode_is_trained_on_in_order(exp):
     lags=st.lists(st.integers(0, 3), min_size=12, max_size=12),
 )
 def test_admission_rule_never_exceeds_the_cap(cap, steps, lags):
-    """The admission rule alone (no model): steps are admitted while next ≤ version + cap; the trainer
-    reaches step i with version i; whatever the timing (``lags``: admissions attempted between updates), the
-    version that admitted step i is ≥ i − cap, and each step is admitted exactly once, in order."""
+    """The worker's admission rule under any timing (``lags``: admission rounds between two weight
+    updates); the trainer reaches step i with version i: step i was admitted by a version ≥ i − cap, before
+    the trainer needs it, and every step exactly once, in order."""
     admitted: dict[int, int] = {}
     nxt, version = 0, 0
     for i in range(steps):
         for _ in range(lags[i] + 1):
-            while nxt < steps and nxt <= version + cap:
+            while nxt < steps and admissible(nxt, version, cap):
                 admitted[nxt] = version
                 nxt += 1
         assert i in admitted and i - admitted[i] <= cap  # step i can train at version i

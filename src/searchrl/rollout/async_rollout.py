@@ -43,6 +43,11 @@ from searchrl.rollout.loop import RolloutStats, finish, ready, start_trajectorie
 from searchrl.types import Trajectory
 
 
+def admissible(step: int, version: int, max_staleness: int) -> bool:
+    """Whether the worker may start training step ``step``'s episodes while its weights have ``version``."""
+    return step <= version + max_staleness
+
+
 @dataclass
 class _Batch:
     """The episodes of one training step."""
@@ -152,7 +157,7 @@ class AsyncRollout:
     # ------------------------------------------------------------------------------------- worker side
     def _admit(self, stream: Any, batches: dict[int, _Batch]) -> None:
         """Start every step the cap allows: step j once the weights have version ≥ j − max_staleness."""
-        while self.next_step < self.end_step and self.next_step <= self.version + self.max_staleness:
+        while self.next_step < self.end_step and admissible(self.next_step, self.version, self.max_staleness):
             j, idx = self.next_step, self.indices(self.next_step)
             trajs = start_trajectories(self.env, self.tok, [self.examples[i] for i in idx], self.group_size)
             for t in trajs:  # one group per question, ids as the synchronous collect gives them
@@ -198,7 +203,7 @@ class AsyncRollout:
                 if not len(stream) and not waiting:
                     if self.next_step >= self.end_step and not batches:
                         return  # every step produced
-                    if self.next_step > self.version + self.max_staleness:
+                    if not admissible(self.next_step, self.version, self.max_staleness):
                         self._cond.wait(timeout=1.0)  # the cap: wait for the trainer's next weights
                         continue
             with self._weights:
