@@ -1,0 +1,135 @@
+"""GRPO steps, synchronous against asynchronous rollouts (``trainer.async_rollout.max_staleness`` 1 and 4),
+with the quickstart's retriever as is and with 50 ms added to every retrieval call (a remote server).
+
+    python benchmarks/async_rollout.py --model runs/quickstart/sft/final --steps 6 --out benchmarks/results/async.json
+
+Per setting: seconds per step and generated tokens per second end to end (the first step, a warm-up, is not
+counted), and the trainer's wait for episodes. ``--pin``: torch single-threaded, the trainer's thread on core
+0 and the rollout worker's on core 1 (Linux affinity is per thread); the synchronous run then has one core.
+Without it every setting shares the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchrl.config import AsyncRolloutConfig, TrainerConfig
+from searchrl.engine.trainer import Trainer
+from searchrl.experiment import load_experiment
+from searchrl.rollout import async_rollout
+from searchrl.runtime import Runtime
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def slow_retriever(rt: Runtime, latency: float) -> None:
+    """Every retrieval call of the run's environment takes ``latency`` seconds longer."""
+    env = rt.env()
+    search = env.retriever.search
+
+    def delayed(queries: Any, k: int) -> Any:
+        time.sleep(latency)
+        return search(queries, k)
+
+    env.retriever.search = delayed  # type: ignore[method-assign]
+
+
+def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group: int, questions: int) -> dict:
+    rt = Runtime(exp)
+    if latency:
+        slow_retriever(rt, latency)
+    cfg = TrainerConfig(
+        steps=steps,
+        batch_size=questions,
+        micro_batch_size=32,
+        lr=3e-4,
+        save_every=10**9,
+        log_entropy=False,
+        async_rollout=AsyncRolloutConfig(max_staleness=staleness),
+    )
+    tr = Trainer(
+        algorithm="grpo",
+        algorithm_args={"group_size": group, "kl_coef": 0.0, "rollout_correction": {"mode": "token_tis"}},
+        model_path=model,
+        cfg=cfg,
+        out_dir=Path(tempfile.mkdtemp()),
+        runtime=rt,
+        seed=0,
+    )
+    times, tokens, waits, stale = [], [], [], []
+    try:
+        for s in range(steps):
+            t = time.perf_counter()
+            m = tr.step(s)
+            times.append(time.perf_counter() - t)
+            tokens.append(m["rollout/tokens_generated"])
+            waits.append(m.get("async/wait_s", m["time/collect_s"]))
+            stale.append(m.get("async/staleness_mean", 0.0))
+    finally:
+        if tr.pipeline is not None:
+            tr.pipeline.close()
+    t, n = times[1:], tokens[1:]
+    return {
+        "max_staleness": staleness,
+        "retrieval_latency_s": latency,
+        "s_per_step": statistics.mean(t),
+        "tokens_per_s": sum(n) / sum(t),
+        "wait_for_episodes_s": statistics.mean(waits[1:]),
+        "staleness_mean": statistics.mean(stale[1:]),
+        "steps_timed": len(t),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="the policy to start from (the quickstart's SFT model)")
+    ap.add_argument("--config", default=str(REPO / "experiments" / "quickstart.yaml"))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--questions", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 4])
+    ap.add_argument("--latency", type=float, nargs="+", default=[0.0, 0.05])
+    ap.add_argument("--pin", action="store_true")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async.json"))
+    args = ap.parse_args()
+    if args.pin:
+        torch.set_num_threads(1)
+        os.sched_setaffinity(0, {0})  # this (the trainer's) thread
+        start = async_rollout.AsyncRollout._run
+
+        def pinned(self: Any) -> None:
+            os.sched_setaffinity(0, {1})  # the worker's thread
+            start(self)
+
+        async_rollout.AsyncRollout._run = pinned  # type: ignore[method-assign]
+    exp = load_experiment(args.config, [f"model.path={args.model}"])
+    rows = []
+    for latency in args.latency:
+        for k in args.staleness:
+            row = run(exp, args.model, args.steps, k, latency, args.group, args.questions)
+            print(json.dumps(row))
+            rows.append(row)
+    out = {
+        "model": args.model,
+        "cpu": os.cpu_count(),
+        "pinned": args.pin,
+        "questions_per_step": args.questions,
+        "group_size": args.group,
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
