@@ -82,6 +82,7 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
     ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
     file will train its algorithm) that the algorithm can train the agent design."""
     from searchrl.algorithms import ALGORITHMS, requirements
+    from searchrl.algorithms.base import Algorithm
     from searchrl.envs.search import AGENTS, RERENDERED_AGENTS
     from searchrl.rewards import REWARDS
     from searchrl.rewards.pipeline import check_calling_convention
@@ -102,6 +103,8 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 choices=[a for a in AGENTS if a not in RERENDERED_AGENTS],
                 hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)",
             )
+        if training and exp.trainer.async_rollout.max_staleness:  # refused before any stage runs
+            _check_async(exp, req.online, getattr(algo, "collect", None) is not Algorithm.collect, source)
         if req.process_reward and not any(reward_kind(s.name) == "process" for s in exp.rewards):
             raise ConfigError(
                 f"algorithm '{exp.algorithm.name}' places per-step rewards, but no configured reward is a "
@@ -168,6 +171,25 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 key=f"rewards[{i}].name",
                 value=spec.name,
             ) from None
+
+
+def _check_async(exp: Experiment, online: bool, own_collect: bool, source: str) -> None:
+    """``trainer.async_rollout`` where this version cannot run it (the world size as the launcher set it)."""
+    import os
+
+    from searchrl.rollout.async_rollout import refusal
+
+    assert exp.algorithm is not None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    why = refusal(exp.algorithm.name, online, own_collect, exp.rollout.backend, exp.rollout.loop, world)
+    if why is not None:
+        raise ConfigError(
+            why,
+            file=source,
+            key="trainer.async_rollout.max_staleness",
+            value=exp.trainer.async_rollout.max_staleness,
+            choices=["0"],
+        )
 
 
 def _check_stepsearch_compat(exp: Experiment, fn: Any, args: dict[str, Any], source: str, i: int) -> None:

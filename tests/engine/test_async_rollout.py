@@ -199,3 +199,24 @@ def test_rollout_without_a_stream_keeps_versions_empty(exp):
     gen = GENERATORS.get("hf")(policy, tok, env.tags.stop_strings, continuous=False)
     trajs, _ = rollout(rt.examples("train")[:1], env, gen, tok, SamplingParams(1.0, 1.0, 8), 1, 256)
     assert all(s.versions is None for t in trajs for s in t.segments)
+
+
+def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monkeypatch):
+    """Under a 2-process launch, or with vLLM, the refusal comes at load time, not after the warm start."""
+    from searchrl.experiment import check_arguments
+
+    exp = make_exp("trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}")
+    check_arguments(exp)  # one process, HF: accepted
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="single training process; this run has 2") as e:
+        check_arguments(exp)
+    assert e.value.key == "trainer.async_rollout.max_staleness"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ConfigError, match="backend 'vllm'"):
+        check_arguments(
+            make_exp(
+                "trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}", "rollout.backend=vllm"
+            )
+        )
+    with pytest.raises(ConfigError, match="collects step by step"):
+        check_arguments(make_exp("trainer.async_rollout.max_staleness=2", "algorithm={name: slate}"))

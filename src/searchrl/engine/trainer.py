@@ -196,27 +196,12 @@ class Trainer:
         """Refuse ``trainer.async_rollout`` where this version cannot run it, with the reason."""
         if self.cfg.async_rollout.max_staleness == 0:
             return
+        from searchrl.rollout.async_rollout import refusal
+
         exp = self.rt.exp
-        why = None
-        if not self.req.online:
-            why = (
-                f"'{self.algorithm}' trains on given records; asynchronous rollouts are for online algorithms"
-            )
-        elif getattr(algo_cls, "collect", None) is not Algorithm.collect:
-            why = (
-                f"'{self.algorithm}' collects step by step (each step's continuation is chosen from its "
-                "candidates' rewards), so its episodes cannot run ahead of the trainer; use grpo, ppo or steppo"
-            )
-        elif exp.rollout.backend != "hf" or exp.rollout.loop != "episode":
-            why = (
-                "the rollout worker runs the HF backend's per-episode loop (rollout.backend: hf, rollout.loop: "
-                f"episode), not backend '{exp.rollout.backend}' with loop '{exp.rollout.loop}'"
-            )
-        elif (world := distributed_state().num_processes) > 1:
-            why = (
-                f"the rollout worker runs beside a single training process; this run has {world} "
-                "(launch with one process, or max_staleness: 0)"
-            )
+        own = getattr(algo_cls, "collect", None) is not Algorithm.collect
+        world = distributed_state().num_processes
+        why = refusal(self.algorithm, self.req.online, own, exp.rollout.backend, exp.rollout.loop, world)
         if why is not None:
             raise ConfigError(
                 why,

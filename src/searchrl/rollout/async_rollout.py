@@ -43,6 +43,31 @@ from searchrl.rollout.loop import RolloutStats, finish, ready, start_trajectorie
 from searchrl.types import Trajectory
 
 
+def refusal(
+    algorithm: str, online: bool, own_collect: bool, backend: str, loop: str, world: int
+) -> str | None:
+    """Why this version cannot run ``algorithm`` with asynchronous rollouts (None: it can). ``own_collect``:
+    the algorithm replaces the episode collection (SLATE's step-level search)."""
+    if not online:
+        return f"'{algorithm}' trains on given records; asynchronous rollouts are for online algorithms"
+    if own_collect:
+        return (
+            f"'{algorithm}' collects step by step (each step's continuation is chosen from its candidates' "
+            "rewards), so its episodes cannot run ahead of the trainer; use grpo, ppo or steppo"
+        )
+    if backend != "hf" or loop != "episode":
+        return (
+            "the rollout worker runs the HF backend's per-episode loop (rollout.backend: hf, rollout.loop: "
+            f"episode), not backend '{backend}' with loop '{loop}'"
+        )
+    if world > 1:
+        return (
+            f"the rollout worker runs beside a single training process; this run has {world} "
+            "(launch with one process, or max_staleness: 0)"
+        )
+    return None
+
+
 def admissible(step: int, version: int, max_staleness: int) -> bool:
     """Whether the worker may start training step ``step``'s episodes while its weights have ``version``."""
     return step <= version + max_staleness
