@@ -17,7 +17,7 @@ from searchrl.aggregate import Mean
 from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
 from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.algorithms.losses import check_clip, check_stabilisers, clipped_policy_loss
+from searchrl.algorithms.losses import batch_policy_loss, check_clip, check_stabilisers
 from searchrl.functional import masked_sum
 from searchrl.types import RolloutBatch
 
@@ -101,14 +101,5 @@ class GRPO(Algorithm):
         mb: RolloutBatch,
         values: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        cfg = self.cfg
-        loss, metrics = clipped_policy_loss(
-            logp,
-            mb.extras["old_logp"],
-            mb.extras["advantages"],
-            cfg.clip_low,
-            cfg.clip_high,
-            cfg.dual_clip,
-            mb.extras.get("is_weight"),
-        )
+        loss, metrics = batch_policy_loss(self.cfg, logp, mb)
         return self.with_kl(loss, metrics, logp, entropy, mb)

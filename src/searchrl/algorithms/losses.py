@@ -5,7 +5,12 @@ The trainer aggregates them with `functional.token_weights`, so every loss here 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
+
+if TYPE_CHECKING:
+    from searchrl.types import RolloutBatch
 
 
 def check_clip(clip_low: float, clip_high: float) -> None:
@@ -65,6 +70,22 @@ def clipped_policy_loss(
         clip_frac = (clipped < unclipped).float()  # the clip was active
         approx_kl = 0.5 * log_ratio**2
     return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "ratio": ratio.detach(), **metrics}
+
+
+def batch_policy_loss(
+    cfg: Any, logp: torch.Tensor, mb: RolloutBatch
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`clipped_policy_loss` of a micro-batch: π_old, advantages and the sampler-trainer weights from its
+    extras, the ε range and dual clip from the algorithm's config (GRPO, SLATE, PPO, StePPO)."""
+    return clipped_policy_loss(
+        logp,
+        mb.extras["old_logp"],
+        mb.extras["advantages"],
+        cfg.clip_low,
+        cfg.clip_high,
+        cfg.dual_clip,
+        mb.extras.get("is_weight"),
+    )
 
 
 def nll_loss(logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -28,7 +28,7 @@ import torch
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size, head_param_groups
 from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.algorithms.losses import check_clip, check_stabilisers, clipped_policy_loss
+from searchrl.algorithms.losses import batch_policy_loss, check_clip, check_stabilisers
 from searchrl.types import RolloutBatch
 
 if TYPE_CHECKING:
@@ -158,15 +158,7 @@ class PPO(Algorithm):
         cfg = self.cfg
         if values is None:
             raise RuntimeError("PPO needs the value head's outputs; the trainer passes them")
-        pg, metrics = clipped_policy_loss(
-            logp,
-            mb.extras["old_logp"],
-            mb.extras["advantages"],
-            cfg.clip_low,
-            cfg.clip_high,
-            cfg.dual_clip,
-            mb.extras.get("is_weight"),
-        )
+        pg, metrics = batch_policy_loss(cfg, logp, mb)
         if self.step < cfg.critic_warmup_steps:
             pg = pg * 0.0
         vloss, vmetrics = clipped_value_loss(

@@ -129,7 +129,6 @@ class AsyncRollout:
         self._error: BaseException | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="searchrl-rollout", daemon=True)
-        self.stream_forwards = 0
 
     # ------------------------------------------------------------------------------------- trainer side
     def start(self) -> None:
@@ -236,7 +235,6 @@ class AsyncRollout:
                 self._admit(stream, batches)
                 if len(stream):
                     waiting += stream.step()
-                    self.stream_forwards += 1
                     waited += bool(waiting)
             if waiting and (waited > self.window or not len(stream)):
                 self._step_env(stream, waiting, batches)
