@@ -58,3 +58,16 @@ def test_rollout_stats_report_every_finish_reason():
     got = combine([a.metrics(), b.metrics()])
     assert got["rollout/finish_answer"] == 0.5 and got["rollout/finish_eos"] == 0.25
     assert got["rollout/finish_length"] == 0.25 and got["rollout/finish_budget"] == 0.0
+
+
+def test_merge_keeps_kinds_and_pools_means():
+    from searchrl.aggregate import Max, Mean, Sum, combine, merge
+
+    a = {"m": Mean(3, 2), "s": Sum(5), "x": Max(1.0), "only_a": Mean(1, 1)}
+    b = {"m": Mean(1, 2), "s": Sum(2), "x": Max(4.0)}
+    out = merge([a, b])
+    assert isinstance(out["m"], Mean) and (out["m"].total, out["m"].count) == (4.0, 4.0)
+    assert isinstance(out["s"], Sum) and out["s"] == 7 and isinstance(out["x"], Max) and out["x"] == 4.0
+    assert combine([out]) == combine([a, b])  # one merged report reduces like the two
+    with pytest.raises(ValueError, match="reported as"):
+        merge([{"k": Sum(1)}, {"k": Max(1)}])

@@ -142,3 +142,25 @@ def combine(reports: Sequence[Report]) -> dict[str, float]:
 def values(report: Report) -> dict[str, float]:
     """One process's report as plain numbers (what it logs when it runs alone)."""
     return combine([report])
+
+
+def merge(reports: Sequence[Report]) -> dict[str, Metric]:
+    """One process's reports of several parts of its work (e.g. rounds of sampling) as one report of the
+    same kinds: means pool their totals and counts, sums add, maxima take the largest."""
+    out: dict[str, Metric] = {}
+    for report in reports:
+        for key, value in report.items():
+            if key not in out:
+                out[key] = value
+                continue
+            prev, kind = out[key], kind_of(value)
+            if kind_of(prev) != kind:
+                raise ValueError(f"metric '{key}' is reported as {kind_of(prev)} and as {kind}")
+            if kind == "max":
+                out[key] = Max(max(float(prev), float(value)))
+            elif kind == "sum":
+                out[key] = Sum(float(prev) + float(value))
+            else:
+                (t0, c0), (t1, c1) = pair(prev), pair(value)
+                out[key] = Mean(t0 + t1, c0 + c1)
+    return out

@@ -37,7 +37,7 @@ def from_dict_checked(cls: type, data: dict[str, Any], source: str = "<config>",
 
 
 def _registries() -> dict[str, Registry[Any]]:
-    from searchrl.algorithms import ALGORITHMS
+    from searchrl.algorithms import ADVANTAGES, ALGORITHMS, POLICY_LOSSES
     from searchrl.envs.retrievers.base import RETRIEVERS
     from searchrl.envs.summarize import SUMMARIZERS
     from searchrl.rewards import REWARDS
@@ -48,6 +48,8 @@ def _registries() -> dict[str, Registry[Any]]:
         "retrievers": RETRIEVERS,
         "rewards": REWARDS,
         "algorithms": ALGORITHMS,
+        "advantages": ADVANTAGES,
+        "policy_losses": POLICY_LOSSES,
         "generators": GENERATORS,
         "judges": JUDGES,
         "annotators": ANNOTATORS,
@@ -82,7 +84,6 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
     ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
     file will train its algorithm) that the algorithm can train the agent design."""
     from searchrl.algorithms import ALGORITHMS, requirements
-    from searchrl.algorithms.base import Algorithm
     from searchrl.envs.search import AGENTS, RERENDERED_AGENTS
     from searchrl.rewards import REWARDS
     from searchrl.rewards.pipeline import check_calling_convention
@@ -104,7 +105,8 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)",
             )
         if training and exp.trainer.async_rollout.max_staleness:  # refused before any stage runs
-            _check_async(exp, req.online, getattr(algo, "collect", None) is not Algorithm.collect, source)
+            resamples = getattr(getattr(conf, "dynamic_sampling", None), "enabled", False)
+            _check_async(exp, req.online, not algo.episodic, resamples, source)
         if req.process_reward and not any(reward_kind(s.name) == "process" for s in exp.rewards):
             raise ConfigError(
                 f"algorithm '{exp.algorithm.name}' places per-step rewards, but no configured reward is a "
@@ -173,7 +175,7 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
             ) from None
 
 
-def _check_async(exp: Experiment, online: bool, own_collect: bool, source: str) -> None:
+def _check_async(exp: Experiment, online: bool, own_collect: bool, resamples: bool, source: str) -> None:
     """``trainer.async_rollout`` where this version cannot run it (the world size as the launcher set it)."""
     import os
 
@@ -181,7 +183,8 @@ def _check_async(exp: Experiment, online: bool, own_collect: bool, source: str) 
 
     assert exp.algorithm is not None
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    why = refusal(exp.algorithm.name, online, own_collect, exp.rollout.backend, exp.rollout.loop, world)
+    backend, loop = exp.rollout.backend, exp.rollout.loop
+    why = refusal(exp.algorithm.name, online, own_collect, backend, loop, world, resamples)
     if why is not None:
         raise ConfigError(
             why,

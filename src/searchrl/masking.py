@@ -1,6 +1,7 @@
 """The one masker: trajectories -> a right-padded `RolloutBatch`.
 
-``loss_mask`` is built from segment kinds, never from pad ids (DESIGN §4.2). Sequences longer than
+``loss_mask`` is built from segment kinds, never from pad ids (DESIGN §4.2), and is 0 on a row that is not
+``trained`` (DAPO's overlong filtering). Sequences longer than
 ``max_len`` are truncated on the right; an action cut by the truncation keeps loss on its surviving tokens,
 and a step whose last token was cut is dropped from the step slots (its reward cannot be placed).
 """
@@ -39,7 +40,7 @@ def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = 
             end = min(pos + len(seg.token_ids), n)
             if end > pos:
                 if seg.kind == "action":
-                    loss_mask[b, pos:end] = 1.0
+                    loss_mask[b, pos:end] = float(traj.trained)
                     if si in seg_to_step:
                         step_ids[b, pos:end] = seg_to_step[si]
                     if seg.logprobs is not None:

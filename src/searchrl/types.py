@@ -113,6 +113,9 @@ class Trajectory:
     chosen: bool = False  # the chosen row of its pair
     finish_reason: str | None = None  # "answer" | "budget" | "eos" | "length"
     info: dict[str, Any] = field(default_factory=dict)
+    trained: bool = (
+        True  # False: the row carries no loss (DAPO's overlong filtering); its reward still counts
+    )
 
     @property
     def token_ids(self) -> list[int]:

@@ -20,6 +20,15 @@ ALGORITHMS.add_lazy("slate", "searchrl.algorithms.slate:SLATE")
 ALGORITHMS.add_lazy("dpo", "searchrl.algorithms.dpo:DPO")
 ALGORITHMS.add_lazy("prm", "searchrl.algorithms.prm:PRM")
 
+# The pieces an algorithm's config selects (``advantage:``, ``policy_loss:``); a dotted path
+# ``package.module:function`` names a user's own with the same signature.
+ADVANTAGES: Registry[Any] = Registry("advantage estimator")
+for _name in ("grpo", "rloo", "reinforce_baseline", "reinforce_pp", "reinforce_pp_baseline"):
+    ADVANTAGES.add_lazy(_name, f"searchrl.algorithms.estimators:{_name}")
+POLICY_LOSSES: Registry[Any] = Registry("policy loss")
+for _name in ("clip", "gspo", "gspo_token", "cispo", "gmpo"):
+    POLICY_LOSSES.add_lazy(_name, f"searchrl.algorithms.policy_losses:{_name}")
+
 
 def requirements(name: str, args: dict[str, Any], env: EnvConfig, source: str = "<config>") -> Requirements:
     """What algorithm ``name`` with ``args`` (its config, checked) needs from the trainer."""
@@ -29,4 +38,4 @@ def requirements(name: str, args: dict[str, Any], env: EnvConfig, source: str = 
     return cls.requires(from_dict(cls.Config, args, source=source, key="algorithm"), env)  # type: ignore[no-any-return]
 
 
-__all__ = ["ALGORITHMS", "requirements"]
+__all__ = ["ADVANTAGES", "ALGORITHMS", "POLICY_LOSSES", "requirements"]

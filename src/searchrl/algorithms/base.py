@@ -70,6 +70,9 @@ class Context:
 
 class Algorithm(ABC):
     Config: ClassVar[type]
+    # its training rows are whole episodes of the rollout loop, G per question (an asynchronous rollout
+    # worker can then collect them ahead of the trainer); False: it builds them itself (SLATE's step search)
+    episodic: ClassVar[bool] = True
 
     def __init__(self, config: Any, ctx: Context) -> None:
         self.cfg, self.ctx = config, ctx

@@ -8,18 +8,19 @@ in the loss. Defaults are ReSearch's Table 4 (clip 0.2, KL 0.001, 5 rollouts: ``
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
-from searchrl.aggregate import Mean
-from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
+from searchrl.aggregate import Mean, Sum
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
 from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.algorithms.losses import batch_policy_loss, check_clip, check_stabilisers
-from searchrl.functional import masked_sum
-from searchrl.types import RolloutBatch
+from searchrl.algorithms.dapo import DynamicSampling, dynamic_collect, mask_truncated
+from searchrl.algorithms.estimators import AdvantageInput
+from searchrl.algorithms.losses import batch_policy_loss, check_clip, check_policy_loss, check_stabilisers
+from searchrl.types import RolloutBatch, Trajectory
 
 if TYPE_CHECKING:
     from searchrl.config import EnvConfig
@@ -47,23 +48,34 @@ class GroupPolicyConfig:
     )
     # sampler-trainer importance weights or masks (`algorithms.correction`); mode none: the papers' eq. 1
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    # the advantage estimator (`algorithms.estimators`): grpo (eq. 1), rloo, reinforce_baseline,
+    # reinforce_pp (REINFORCE++), reinforce_pp_baseline, or a dotted path to your own
+    advantage: str = field(default="grpo", metadata={"registry": "advantages"})
+    # the policy loss (`algorithms.policy_losses`): clip (eq. 1), gspo, gspo_token, cispo, gmpo, or a dotted path
+    policy_loss: str = field(default="clip", metadata={"registry": "policy_losses"})
 
     def __post_init__(self) -> None:
         check_clip(self.clip_low, self.clip_high)
         check_stabilisers(self.dual_clip, self.kl_clamp)
+        check_policy_loss(self.policy_loss, self.loss_agg)
 
 
 @dataclass(frozen=True)
 class GRPOConfig(GroupPolicyConfig):
     group_size: int = 5  # G, rollouts per question (ReSearch Table 4); TRL's num_generations
+    # DAPO (`algorithms.dapo`): resample questions whose groups' rewards are all equal; and overlong filtering
+    dynamic_sampling: DynamicSampling = field(default_factory=DynamicSampling)
+    mask_truncated: bool = False  # episodes that ran out of room (finish reason "length") carry no loss
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_group_size(self.group_size)
-        if self.group_size < 2:  # A_i = (r_i − mean) / std over the group: a group of one is always 0
+        # a group baseline (mean, std, leave-one-out) of a group of one is the reward itself: advantage 0
+        if self.group_size < 2 and self.advantage != "reinforce_pp":
             raise ValueError(
-                f"group_size must be at least 2 for GRPO's group-normalised advantage (a group of one has "
-                f"advantage 0, so nothing trains; ReSearch uses 5), got {self.group_size}"
+                f"group_size must be at least 2 for the '{self.advantage}' advantage's group baseline (a group "
+                f"of one has advantage 0, so nothing trains; ReSearch uses 5), got {self.group_size}; "
+                "advantage: reinforce_pp needs no group"
             )
 
 
@@ -82,16 +94,33 @@ class GRPO(Algorithm):
     def kl_coef(self) -> float:
         return float(self.cfg.kl_coef)
 
+    def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
+        """G episodes per question (`Algorithm.collect`); with DAPO's dynamic sampling, only groups whose
+        rewards differ, resampling questions; with ``mask_truncated``, cut-off episodes out of the loss."""
+        ds = self.cfg.dynamic_sampling
+        if ds.enabled:
+            rng = random.Random(f"dapo:{self.step}:{indices}")  # a str seed is hashed stably (sha512)
+            n = self.num_items()
+            trajs, metrics = dynamic_collect(super().collect, indices, n, ds, rng, f" (step {self.step + 1})")
+        else:
+            trajs, metrics = super().collect(indices)
+        if self.cfg.mask_truncated:
+            metrics["dapo/truncated_masked"] = Sum(mask_truncated(trajs))
+        return trajs, metrics
+
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
-        rewards = batch.rewards
+        from searchrl.algorithms import ADVANTAGES
+
         metrics: dict[str, float] = {}
+        kl = None
         if self.cfg.kl_in == "reward" and self.kl_coef > 0:
-            kl = self.kl_estimate(batch.extras["old_logp"], batch.extras["ref_logp"])
-            seq_kl = masked_sum(kl, batch.loss_mask, dim=-1)  # (B,)
-            rewards = rewards - self.kl_coef * seq_kl
+            kl = self.kl_estimate(batch.extras["old_logp"], batch.extras["ref_logp"]) * batch.loss_mask
+            seq_kl = kl.sum(-1)  # (B,)
             metrics["kl/sequence"] = Mean(float(seq_kl.sum()), len(seq_kl))
-        adv = grpo_outcome(rewards, batch.group_ids, self.cfg.std_normalize, self.cfg.eps)
-        batch.extras["advantages"] = broadcast_to_tokens(adv, batch.loss_mask)
+            kl = self.kl_coef * kl
+        sum_all = self.ctx.sum_all if self.ctx is not None else float  # one process: the batch is global
+        x = AdvantageInput(batch.rewards, batch.group_ids, batch.loss_mask, kl, self.cfg, sum_all)
+        batch.extras["advantages"] = ADVANTAGES.get(self.cfg.advantage)(x) * batch.loss_mask
         return metrics
 
     def loss(

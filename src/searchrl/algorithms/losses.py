@@ -75,17 +75,29 @@ def clipped_policy_loss(
 def batch_policy_loss(
     cfg: Any, logp: torch.Tensor, mb: RolloutBatch
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`clipped_policy_loss` of a micro-batch: π_old, advantages and the sampler-trainer weights from its
-    extras, the ε range and dual clip from the algorithm's config (GRPO, SLATE, PPO, StePPO)."""
-    return clipped_policy_loss(
-        logp,
-        mb.extras["old_logp"],
-        mb.extras["advantages"],
-        cfg.clip_low,
-        cfg.clip_high,
-        cfg.dual_clip,
-        mb.extras.get("is_weight"),
-    )
+    """The config's policy loss (``policy_loss``, `algorithms.policy_losses`; the clipped ratio by default)
+    of a micro-batch: π_old and advantages from its extras, times the sampler-trainer correction weight w_t
+    of the decoupled objective (`algorithms.correction`) when there is one (GRPO, SLATE, PPO, StePPO)."""
+    from searchrl.algorithms import POLICY_LOSSES
+
+    fn = POLICY_LOSSES.get(getattr(cfg, "policy_loss", "clip"))
+    loss, metrics = fn(logp, mb.extras["old_logp"], mb.extras["advantages"], mb.loss_mask, cfg)
+    weight = mb.extras.get("is_weight")
+    if weight is not None:
+        loss = loss * weight.detach()
+    return loss, metrics
+
+
+def check_policy_loss(policy_loss: str, loss_agg: str) -> None:
+    """A sequence-level loss (GSPO, GMPO) is one number per sequence: its paper's objective is the mean over
+    sequences, so the aggregation must be ``seq-mean-token-mean``."""
+    from searchrl.algorithms.policy_losses import SEQUENCE_LEVEL
+
+    if policy_loss in SEQUENCE_LEVEL and loss_agg != "seq-mean-token-mean":
+        raise ValueError(
+            f"policy_loss '{policy_loss}' is a per-sequence objective (the mean over sequences); set "
+            f"loss_agg: seq-mean-token-mean (got '{loss_agg}', which would weight each sequence by its length)"
+        )
 
 
 def nll_loss(logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

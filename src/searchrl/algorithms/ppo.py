@@ -28,7 +28,7 @@ import torch
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size, head_param_groups
 from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.algorithms.losses import batch_policy_loss, check_clip, check_stabilisers
+from searchrl.algorithms.losses import batch_policy_loss, check_clip, check_policy_loss, check_stabilisers
 from searchrl.types import RolloutBatch
 
 if TYPE_CHECKING:
@@ -63,11 +63,14 @@ class PPOConfig:
     group_size: int = 1  # rollouts per question (Search-R1's PPO: one; the critic needs no group)
     # sampler-trainer importance weights or masks on the policy loss (`algorithms.correction`)
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    # the policy loss on GAE's advantages (`algorithms.policy_losses`): clip (the papers'), gspo_token, cispo, …
+    policy_loss: str = field(default="clip", metadata={"registry": "policy_losses"})
 
     def __post_init__(self) -> None:
         check_clip(self.clip_low, self.clip_high)
         check_stabilisers(self.dual_clip, self.kl_clamp)
         check_group_size(self.group_size)
+        check_policy_loss(self.policy_loss, self.loss_agg)
 
 
 class AdaptiveKL:

@@ -95,6 +95,7 @@ def candidate_sample(kid: Trajectory) -> Trajectory:
 
 
 class SLATE(GRPO):
+    episodic = False  # each step's continuation is chosen from its candidates' rewards
     Config = SLATEConfig
 
     def __init__(self, config: Any, ctx: Any) -> None:

@@ -103,7 +103,7 @@ class Trainer:
         algo_cls: Any = ALGORITHMS.get(algorithm)
         algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
         self.req = req = algo_cls.requires(algo_cfg, exp.env)
-        self._check_async(algo_cls)  # before anything is loaded
+        self._check_async(algo_cls, algo_cfg)  # before anything is loaded
         self.rows, self.micro, accum = batch_shape(cfg, req, algorithm, distributed_state().num_processes)
         self.engine = eng = Engine(
             grad_accum=accum,
@@ -192,16 +192,17 @@ class Trainer:
             sum_all=eng.sum,
         )
 
-    def _check_async(self, algo_cls: type) -> None:
+    def _check_async(self, algo_cls: Any, algo_cfg: Any) -> None:
         """Refuse ``trainer.async_rollout`` where this version cannot run it, with the reason."""
         if self.cfg.async_rollout.max_staleness == 0:
             return
         from searchrl.rollout.async_rollout import refusal
 
         exp = self.rt.exp
-        own = getattr(algo_cls, "collect", None) is not Algorithm.collect
         world = distributed_state().num_processes
-        why = refusal(self.algorithm, self.req.online, own, exp.rollout.backend, exp.rollout.loop, world)
+        resamples = getattr(getattr(algo_cfg, "dynamic_sampling", None), "enabled", False)
+        backend, loop = exp.rollout.backend, exp.rollout.loop
+        why = refusal(self.algorithm, self.req.online, not algo_cls.episodic, backend, loop, world, resamples)
         if why is not None:
             raise ConfigError(
                 why,

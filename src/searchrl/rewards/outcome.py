@@ -27,6 +27,28 @@ def f1_reward(traj: Any, *, answers: Sequence[str]) -> RewardOutput:
     return RewardOutput(score=f1_score(pred, answers) if pred is not None else 0.0)
 
 
+def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float = 1.0) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), scaled by ``penalty``:
+    0 for |y| ≤ L_max − L_cache, ((L_max − L_cache) − |y|) / L_cache inside the buffer, −1 beyond L_max."""
+    if buffer <= 0 or buffer > max_tokens:
+        raise ValueError(f"overlong reward: buffer must be in [1, max_tokens={max_tokens}], got {buffer}")
+    start = max_tokens - buffer
+    if length <= start:
+        return 0.0
+    if length <= max_tokens:
+        return penalty * (start - length) / buffer
+    return -penalty
+
+
+def overlong_reward(traj: Any, *, max_tokens: int, buffer: int, penalty: float = 1.0) -> RewardOutput:
+    """DAPO's overlong reward shaping on the tokens the agent generated in the episode (its action tokens;
+    retrieved documents do not count): add it to the outcome reward, e.g.
+    ``rewards: [{name: em}, {name: overlong, args: {max_tokens: 200, buffer: 50}}]``."""
+    n = int(traj.n_action_tokens)
+    value = overlong_penalty(n, max_tokens, buffer, penalty)
+    return RewardOutput(score=value, metrics={"overlong/penalised": float(value < 0)})
+
+
 def search_r1_format_reward(
     traj: Any,
     *,

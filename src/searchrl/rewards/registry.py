@@ -54,6 +54,7 @@ def reward_kind(name: str) -> str:
 REWARDS.add_lazy("em", "searchrl.rewards.outcome:em_reward", kind="outcome")
 REWARDS.add_lazy("f1", "searchrl.rewards.outcome:f1_reward", kind="outcome")
 REWARDS.add_lazy("research", "searchrl.rewards.research:research_reward", kind="outcome")
+REWARDS.add_lazy("overlong", "searchrl.rewards.outcome:overlong_reward", kind="outcome")
 REWARDS.add_lazy("search_r1_format", "searchrl.rewards.outcome:search_r1_format_reward", kind="outcome")
 REWARDS.add_lazy("stepsearch", "searchrl.rewards.stepsearch:stepsearch_reward", kind="process")
 REWARDS.add_lazy("prm", "searchrl.rewards.prm:prm_reward", kind="process")

@@ -44,16 +44,28 @@ from searchrl.types import Trajectory
 
 
 def refusal(
-    algorithm: str, online: bool, own_collect: bool, backend: str, loop: str, world: int
+    algorithm: str,
+    online: bool,
+    own_collect: bool,
+    backend: str,
+    loop: str,
+    world: int,
+    resamples: bool = False,
 ) -> str | None:
     """Why this version cannot run ``algorithm`` with asynchronous rollouts (None: it can). ``own_collect``:
-    the algorithm replaces the episode collection (SLATE's step-level search)."""
+    the algorithm replaces the episode collection (SLATE's step-level search); ``resamples``: it draws more
+    questions within a step (DAPO's dynamic sampling)."""
     if not online:
         return f"'{algorithm}' trains on given records; asynchronous rollouts are for online algorithms"
     if own_collect:
         return (
             f"'{algorithm}' collects step by step (each step's continuation is chosen from its candidates' "
             "rewards), so its episodes cannot run ahead of the trainer; use grpo, ppo or steppo"
+        )
+    if resamples:
+        return (
+            "dynamic sampling draws more questions until a step's groups are informative, so a step's "
+            "episodes are not known ahead of the trainer; set algorithm.dynamic_sampling.enabled: false"
         )
     if backend != "hf" or loop != "episode":
         return (

@@ -1,0 +1,124 @@
+"""DAPO's sampling and shaping (Yu et al. 2025, §3.2 and §3.4) for the group algorithms.
+
+- **Dynamic sampling** (§3.2, eq. 11's constraint 0 < |{o_i : correct}| < G): a group whose rewards are all
+  equal has advantage 0 everywhere and only dilutes the batch. Such groups are dropped and fresh questions
+  sampled until the step has as many informative groups as it asked for, at most ``max_attempts`` rounds
+  of generation (the first included; verl's ``max_num_gen_batches``). If the cap is reached the step trains
+  on the informative groups it found (the rest of the batch is empty rows) and says so.
+- **Overlong filtering** (§3.4): ``mask_truncated`` takes episodes that ran out of room (finish reason
+  "length") out of the loss, so a model is not taught that a cut-off answer is wrong.
+- **Overlong shaping** (§3.4, eq. 13) is a reward: ``{name: overlong, args: {max_tokens, buffer}}``
+  (`rewards.outcome.overlong_reward`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from searchrl.aggregate import Mean, Sum, merge
+from searchrl.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DynamicSampling:
+    enabled: bool = False
+    max_attempts: int = 4  # rounds of generation per step, the first included
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(
+                f"max_attempts must be at least 1 (rounds of generation per step), got {self.max_attempts}"
+            )
+
+
+def groups(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
+    """Trajectories by group id, in order of first appearance."""
+    by: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        by.setdefault(t.group_id, []).append(t)
+    return list(by.values())
+
+
+def informative(group: Sequence[Trajectory]) -> bool:
+    """Whether a group's rewards differ (a group-relative advantage is nonzero somewhere)."""
+    return len({t.reward for t in group}) > 1
+
+
+def dynamic_collect(
+    collect: Callable[[list[int]], tuple[list[Trajectory], dict[str, float]]],
+    indices: list[int],
+    n_items: int,
+    cfg: DynamicSampling,
+    rng: random.Random,
+    where: str = "",
+) -> tuple[list[Trajectory], dict[str, float]]:
+    """``len(indices)`` groups whose rewards are not all equal, from ``collect`` (question indices -> scored
+    groups, one per question, group ids the question index), drawing replacement questions from the
+    ``n_items`` training items with ``rng``. Group ids of the result are ``indices`` (unique across
+    processes as the schedule's are), in order."""
+    want, kept, reports, dropped, tried = len(indices), [], [], 0, set(indices)
+    first_equal = first_groups = 0
+    batch, attempt, generated = list(indices), 0, 0
+    while True:
+        attempt += 1
+        trajs, metrics = collect(batch)
+        reports.append(metrics)
+        generated += len(trajs)
+        found = groups(trajs)
+        useful = [g for g in found if informative(g)]
+        if attempt == 1:
+            first_groups, first_equal = len(found), len(found) - len(useful)
+        dropped += len(found) - len(useful)
+        kept.extend(useful)
+        if len(kept) >= want or attempt >= cfg.max_attempts:
+            break
+        fresh = [i for i in range(n_items) if i not in tried]
+        if not fresh:  # every question tried this step: draw again from all of them
+            fresh = list(range(n_items))
+        batch = rng.sample(fresh, min(want - len(kept), len(fresh)))
+        tried.update(batch)
+    kept = kept[:want]
+    if len(kept) < want:
+        log.warning(
+            "dynamic sampling%s: after %d rounds of generation (algorithm.dynamic_sampling.max_attempts) only "
+            "%d of %d groups had rewards that differ (%d groups were all equal); this step trains on those %d "
+            "and leaves the other rows empty. Raise max_attempts, or check that the reward can tell episodes "
+            "apart on this data",
+            where,
+            attempt,
+            len(kept),
+            want,
+            dropped,
+            len(kept),
+        )
+    out: list[Trajectory] = []
+    for gid, group in zip(indices, kept):
+        for t in group:
+            t.group_id = gid
+        out.extend(group)
+    report = merge(reports)
+    report.update(
+        {
+            "dapo/attempts": Mean(attempt, 1),
+            "dapo/groups_dropped": Sum(dropped),
+            "dapo/groups_short": Sum(want - len(kept)),
+            "dapo/first_all_equal_frac": Mean(first_equal, first_groups),
+            "dapo/episodes_generated": Sum(generated),
+        }
+    )
+    return out, report
+
+
+def mask_truncated(trajs: Sequence[Trajectory]) -> int:
+    """DAPO's overlong filtering: episodes that ended for lack of room carry no loss. Returns how many."""
+    n = 0
+    for t in trajs:
+        if t.finish_reason == "length":
+            t.trained = False
+            n += 1
+    return n

@@ -1,0 +1,110 @@
+"""Advantage estimators for the group-sampling algorithms (GRPO, SLATE), chosen by ``algorithm.advantage``.
+
+Each registered estimator (`searchrl.algorithms.ADVANTAGES`) is ``f(x: AdvantageInput) -> (B, T)`` token
+advantages, 0 off the loss mask; the equation it implements is in its docstring. The sequence-level ones
+(grpo, rloo, reinforce_baseline, reinforce_pp_baseline) see the outcome reward less β·Σ_t KL_t when the KL
+is in the reward (``kl_in: reward``); REINFORCE++ places −β·KL_t on each token instead.
+
+Batch-level statistics (REINFORCE++'s whitening) are global: summed over processes with ``sum_all``, so N
+processes compute what one process holding their union would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from searchrl.algorithms.advantages import broadcast_to_tokens, gae, grpo_outcome, token_rewards
+
+
+@dataclass
+class AdvantageInput:
+    rewards: torch.Tensor  # (B,) outcome rewards
+    group_ids: torch.Tensor  # (B,)
+    loss_mask: torch.Tensor  # (B, T) action tokens
+    kl: torch.Tensor | None  # (B, T) β·KL_t per action token when the KL is in the reward, else None
+    cfg: Any  # the algorithm's config (std_normalize, eps)
+    sum_all: Callable[[Any], float] = float  # sums a number over processes
+
+    def penalised(self) -> torch.Tensor:
+        """(B,) r_i − β Σ_t KL_t (the sequence-level KL penalty), or r_i."""
+        if self.kl is None:
+            return self.rewards
+        return self.rewards - (self.kl * self.loss_mask).sum(-1)
+
+
+def rloo_outcome(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024, eq. 3): A_i = r_i − 1/(G−1) Σ_{j≠i} r_j
+    = G/(G−1) · (r_i − mean_G r). (B,) -> (B,); a group of one gets 0."""
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    for g in torch.unique(group_ids):
+        idx = group_ids == g
+        r = rewards[idx].double()
+        n = r.numel()
+        if n < 2:
+            continue
+        adv[idx] = (r - (r.sum() - r) / (n - 1)).float()
+    return adv
+
+
+def group_mean_baseline(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """REINFORCE with the group mean as baseline: A_i = r_i − mean_G r (the group includes i). (B,) -> (B,)."""
+    return grpo_outcome(rewards, group_ids, std_normalize=False)
+
+
+def global_whiten(
+    x: torch.Tensor, mask: torch.Tensor, sum_all: Callable[[Any], float] = float, eps: float = 1e-8
+) -> torch.Tensor:
+    """(x − μ) / √(σ² + eps) over the masked entries of the whole batch, every process included; σ² is the
+    unbiased variance (as verl's ``masked_whiten``). 0 off the mask."""
+    m = mask.double()
+    n = sum_all(float(m.sum()))
+    if n < 2:
+        return torch.zeros_like(x)
+    mean = sum_all(float((x.double() * m).sum())) / n
+    var = sum_all(float((((x.double() - mean) ** 2) * m).sum())) / (n - 1)
+    return ((x.double() - mean) / (var + eps) ** 0.5 * m).to(x.dtype)
+
+
+def reward_to_go(token_reward: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """G_t = Σ_{t' ≥ t} r_{t'} over the action tokens (γ = 1; observation tokens are skipped). (B, T)."""
+    return gae(token_reward, torch.zeros_like(token_reward), mask, gamma=1.0, lam=1.0)[0]
+
+
+# ------------------------------------------------------------------------------ the registered estimators
+
+
+def grpo(x: AdvantageInput) -> torch.Tensor:
+    """GRPO (ReSearch eq. 1): (r_i − mean_G r) / (std_G r + ε); Dr. GRPO with ``std_normalize: false``."""
+    adv = grpo_outcome(x.penalised(), x.group_ids, x.cfg.std_normalize, x.cfg.eps)
+    return broadcast_to_tokens(adv, x.loss_mask)
+
+
+def rloo(x: AdvantageInput) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024, eq. 3): the leave-one-out baseline, no scaling."""
+    return broadcast_to_tokens(rloo_outcome(x.penalised(), x.group_ids), x.loss_mask)
+
+
+def reinforce_baseline(x: AdvantageInput) -> torch.Tensor:
+    """REINFORCE (Williams 1992) with the group-mean baseline: r_i − mean_G r, no scaling."""
+    return broadcast_to_tokens(group_mean_baseline(x.penalised(), x.group_ids), x.loss_mask)
+
+
+def reinforce_pp(x: AdvantageInput) -> torch.Tensor:
+    """REINFORCE++ (Hu et al. 2025, §3): token rewards r_t = 1[t = last]·r − β·KL_t, their reward-to-go
+    G_t = Σ_{t'≥t} r_{t'} (γ = 1), whitened over every action token of the global batch (eq. 10)."""
+    zeros = torch.zeros((len(x.rewards), 1), device=x.loss_mask.device)
+    tok = token_rewards(x.rewards, zeros, zeros.long(), zeros.bool(), x.loss_mask)
+    if x.kl is not None:
+        tok = tok - x.kl * x.loss_mask
+    return global_whiten(reward_to_go(tok, x.loss_mask), x.loss_mask, x.sum_all)
+
+
+def reinforce_pp_baseline(x: AdvantageInput) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025, §3.2): r_i − mean_G r, broadcast to the action tokens and
+    whitened over the global batch's action tokens (verl's ``reinforce_plus_plus_baseline``)."""
+    centred = broadcast_to_tokens(group_mean_baseline(x.penalised(), x.group_ids), x.loss_mask)
+    return global_whiten(centred, x.loss_mask, x.sum_all)
