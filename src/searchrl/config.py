@@ -257,6 +257,9 @@ class TrainerConfig:
     # log-probs from the final hidden states, the output layer applied only at action tokens and in chunks:
     # no (batch, tokens, vocabulary) logits tensor (2.5 GB per 4,096 tokens at Qwen2.5's vocabulary)
     lean_logprobs: bool = True
+    # every pass's micro-batch as one row of its real tokens, no padding (`models.packing`): the same
+    # log-probs, losses and gradients (to float rounding) for less compute when lengths differ
+    packing: bool = False
     tensorboard: bool = False
     wandb_project: str | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"

@@ -32,6 +32,7 @@ from searchrl.engine.guards import Guards, GuardTrip, Trip
 from searchrl.engine.metrics import MetricsSink
 from searchrl.functional import token_entropy, token_logprobs, token_weights
 from searchrl.masking import build_batch
+from searchrl.models.packing import pack
 from searchrl.models.policy import Reference, forward, forward_lean, load_policy
 from searchrl.rollout.generator import GENERATORS, SamplingParams
 from searchrl.serving import check_failure_rates, failure_summary, service_metrics
@@ -268,25 +269,27 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Log-probs (and entropy, values) of the batch's action tokens under ``model``; 0 elsewhere.
         ``trainer.lean_logprobs``: the output layer applied at the action tokens only, in tiles
-        (`models.lean_head`); otherwise from the full logits."""
+        (`models.lean_head`); otherwise from the full logits. ``trainer.packing``: the micro-batch's rows
+        run as one packed row (`models.packing`) and the results are scattered back."""
+        ids, mask, pos = batch.input_ids, batch.loss_mask, None
+        attn: torch.Tensor | None = batch.attention_mask
+        packed = pack(ids, batch.attention_mask, mask) if self.cfg.packing else None
+        if packed is not None:
+            ids, attn, mask, pos = packed.input_ids, None, packed.loss_mask, packed.position_ids
         if self.cfg.lean_logprobs:
-            return forward_lean(
-                model,
-                batch.input_ids,
-                batch.attention_mask,
-                batch.loss_mask,
-                self.temperature,
-                entropy,
-                values,
-                negatives,
+            logp, ent, v = forward_lean(
+                model, ids, attn, mask, self.temperature, entropy, values, negatives, position_ids=pos
             )
-        logits, v = forward(model, batch.input_ids, batch.attention_mask, values=values)
-        logp = token_logprobs(logits, batch.input_ids, self.temperature, mask=batch.loss_mask)
-        ent = None
-        if entropy:
-            with torch.no_grad():
-                ent = token_entropy(logits.detach() / self.temperature, batch.loss_mask)
-        return logp, ent, v
+        else:
+            logits, v = forward(model, ids, attn, values=values, position_ids=pos)
+            logp = token_logprobs(logits, ids, self.temperature, mask=mask)
+            ent = None
+            if entropy:
+                with torch.no_grad():
+                    ent = token_entropy(logits.detach() / self.temperature, mask)
+        if packed is None:
+            return logp, ent, v
+        return tuple(None if x is None else packed.unpack(x) for x in (logp, ent, v))  # type: ignore[return-value]
 
     @torch.no_grad()
     def _no_grad_pass(

@@ -154,11 +154,25 @@ class Reference:
             yield self.frozen
 
 
+def _positions(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> torch.Tensor:
+    if (
+        position_ids is not None
+    ):  # packed rows (`models.packing`): no 2-D mask, positions restart per sequence
+        return position_ids
+    assert attention_mask is not None
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def forward(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, values: bool = False
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    values: bool = False,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits (B, T, V) of a right-padded batch and, from a `PolicyWithValue`, values (B, T)."""
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    """Logits (B, T, V) of a right-padded batch, or of packed rows (``position_ids``, ``attention_mask``
+    None), and, from a `PolicyWithValue`, values (B, T)."""
+    position_ids = _positions(attention_mask, position_ids)
     kw = {"values": True} if values else {}
     out = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kw
@@ -169,17 +183,19 @@ def forward(
 def forward_lean(
     model: Any,
     batch_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     mask: torch.Tensor,
     temperature: float,
     entropy: bool = False,
     values: bool = False,
     negatives: int = 0,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-probs and entropy (B, T) of the ``mask`` positions, and values (B, T) from a `PolicyWithValue`,
     without a (B, T, V) logits tensor (`models.lean_head`; the LM must have been patched by
-    `add_lean_head`, as `load_policy` and `Reference` do). ``negatives``: a sampled softmax (training only)."""
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    `add_lean_head`, as `load_policy` and `Reference` do). ``negatives``: a sampled softmax (training only);
+    ``position_ids`` with no ``attention_mask``: packed rows, as in `forward`."""
+    position_ids = _positions(attention_mask, position_ids)
     kw: dict[str, Any] = {"values": True} if values else {}
     out = model(
         input_ids=batch_ids,
