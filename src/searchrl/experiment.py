@@ -183,8 +183,11 @@ def _check_async(exp: Experiment, online: bool, own_collect: bool, resamples: bo
 
     assert exp.algorithm is not None
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    sharded = (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    )  # set by accelerate launch
     backend, loop = exp.rollout.backend, exp.rollout.loop
-    why = refusal(exp.algorithm.name, online, own_collect, backend, loop, world, resamples)
+    why = refusal(exp.algorithm.name, online, own_collect, backend, loop, world, resamples, sharded)
     if why is not None:
         raise ConfigError(
             why,

@@ -58,10 +58,11 @@ if "dist_e2e_ids" not in REWARDS:
 if "dist_e2e_text" not in JUDGES:
     JUDGES.add("dist_e2e_text", TextJudge)
 
-ONLINE = ("grpo", "grpo-full-logits", "grpo-lora", "ppo", "ppo-lora", "steppo", "slate")
+ONLINE = ("grpo", "grpo-full-logits", "grpo-packed", "grpo-lora", "ppo", "ppo-lora", "steppo", "slate")
 CASES: dict[str, dict[str, Any]] = {
     "grpo": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}},
     "grpo-full-logits": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lean": False},
+    "grpo-packed": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "packing": True},
     "grpo-lora": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lora": True},
     "ppo": {
         "algorithm": "ppo",
@@ -100,7 +101,7 @@ def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
     return over
 
 
-def trainer_config(steps: int = 3, lean: bool = True) -> Any:
+def trainer_config(steps: int = 3, lean: bool = True, packing: bool = False) -> Any:
     """Plain SGD without clipping, so that the update is the gradient itself and a wrong gradient shows
     in the weights (Adam's first step would hide its scale)."""
     from searchrl.config import TrainerConfig
@@ -114,6 +115,7 @@ def trainer_config(steps: int = 3, lean: bool = True) -> Any:
         max_grad_norm=1e9,
         save_every=10**6,
         lean_logprobs=lean,
+        packing=packing,
         log_entropy=True,
     )
 
@@ -155,7 +157,7 @@ def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: 
         algorithm=spec["algorithm"],
         algorithm_args=spec["args"],
         model_path=model,
-        cfg=trainer_config(steps, spec.get("lean", True)),
+        cfg=trainer_config(steps, spec.get("lean", True), spec.get("packing", False)),
         out_dir=out,
         runtime=rt,
         records=records(rt, case),

@@ -202,15 +202,27 @@ def test_rollout_without_a_stream_keeps_versions_empty(exp):
 
 
 def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monkeypatch):
-    """Under a 2-process launch, or with vLLM, the refusal comes at load time, not after the warm start."""
+    """Under a DeepSpeed launch, or with vLLM, the refusal comes at load time, not after the warm start."""
     from searchrl.experiment import check_arguments
 
     exp = make_exp("trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}")
     check_arguments(exp)  # one process, HF: accepted
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="single training process; this run has 2") as e:
+    check_arguments(exp)  # DDP: each process runs its own worker
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(
+        ConfigError, match="under DeepSpeed .ZeRO. each of the 2 processes holds a shard"
+    ) as e:
         check_arguments(exp)
     assert e.value.key == "trainer.async_rollout.max_staleness"
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    with pytest.raises(ConfigError, match="dynamic sampling"):
+        check_arguments(
+            make_exp(
+                "trainer.async_rollout.max_staleness=1",
+                "algorithm={name: grpo, dynamic_sampling: {enabled: true}}",
+            )
+        )
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ConfigError, match="backend 'vllm'"):
         check_arguments(

@@ -181,18 +181,20 @@ def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> N
     assert logged["reward/dist_e2e_ids"] == pytest.approx(sum(ids) / len(ids))
 
 
-def test_lean_log_probs_equal_the_full_logits_path(run):
+@pytest.mark.parametrize("other", ["grpo-full-logits", "grpo-packed"])
+def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, other):
     """The same first step (same seed, so the same rollouts) with log-probs from the full logits and from
-    the lean path (output layer at action tokens only; under ZeRO-3 the layer's weight is gathered)."""
+    the lean path (output layer at action tokens only; under ZeRO-3 the layer's weight is gathered), and
+    with each micro-batch packed into one row (`trainer.packing`) against padded rows."""
     _, out = run
-    lean, full = ranks(out, "grpo")[0], ranks(out, "grpo-full-logits")[0]
-    assert [t.token_ids for t in lean["collected"]] == [t.token_ids for t in full["collected"]]
-    a, b = untimed(lean["logged"][0]), untimed(full["logged"][0])
+    base, variant = ranks(out, "grpo")[0], ranks(out, other)[0]
+    assert [t.token_ids for t in base["collected"]] == [t.token_ids for t in variant["collected"]]
+    a, b = untimed(base["logged"][0]), untimed(variant["logged"][0])
     assert a.keys() == b.keys()
     for k in a:
         assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-5), k
     sa = torch.load(out / "grpo" / "state-after-step-1.pt")
-    sb = torch.load(out / "grpo-full-logits" / "state-after-step-1.pt")
+    sb = torch.load(out / other / "state-after-step-1.pt")
     assert all(torch.allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6) for k in sa)
 
 
@@ -252,6 +254,33 @@ def test_train_pipeline_under_accelerate_launch(tmp_path, world_dir, agent_model
     assert [row["step"] for row in rows] == [1, 2] and rows[0]["eval/n"] == rows[1]["eval/n"] == 7
     proc = launch([*cmd, "--resume"], env, tmp_path)
     assert "grpo (test)" in proc.stdout
+
+
+def test_asynchronous_rollouts_under_ddp(tmp_path, world_dir, agent_model_dir):
+    """`searchrl train` with max_staleness 1 on 2 DDP processes: each runs its own rollout worker on its
+    share of every step's questions; the staleness cap holds, and the processes' metrics are reduced."""
+    out = tmp_path / "run"
+    cmd = accelerate_cmd(
+        "cpu_ddp.yaml",
+        "-m",
+        "searchrl",
+        "train",
+        str(REPO / "experiments" / "quickstart.yaml"),
+        f"data.world_dir={world_dir}",
+        f"model.path={agent_model_dir}",
+        f"output_dir={out}",
+        *TINY_PIPELINE,
+        "trainer.steps=3",
+        "trainer.async_rollout.max_staleness=1",
+        "algorithm.rollout_correction={mode: token_tis}",
+    )
+    launch(cmd, launch_env("cpu_ddp.yaml"), tmp_path)
+    import json
+
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in rows) and rows[0]["async/staleness_max"] == 0
+    assert all(r["train/sequences"] > 0 and r["rollout_corr/w_mean"] > 0 for r in rows)
 
 
 def test_desynchronised_run_fails_within_the_timeout(tmp_path, world_dir, agent_model_dir):

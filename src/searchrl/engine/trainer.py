@@ -197,13 +197,19 @@ class Trainer:
         """Refuse ``trainer.async_rollout`` where this version cannot run it, with the reason."""
         if self.cfg.async_rollout.max_staleness == 0:
             return
+        from accelerate.utils import DistributedType
+
         from searchrl.rollout.async_rollout import refusal
 
         exp = self.rt.exp
-        world = distributed_state().num_processes
+        state = distributed_state()
+        world = state.num_processes
         resamples = getattr(getattr(algo_cfg, "dynamic_sampling", None), "enabled", False)
         backend, loop = exp.rollout.backend, exp.rollout.loop
-        why = refusal(self.algorithm, self.req.online, not algo_cls.episodic, backend, loop, world, resamples)
+        sharded = state.distributed_type == DistributedType.DEEPSPEED
+        why = refusal(
+            self.algorithm, self.req.online, not algo_cls.episodic, backend, loop, world, resamples, sharded
+        )
         if why is not None:
             raise ConfigError(
                 why,
@@ -233,7 +239,7 @@ class Trainer:
             self.tokenizer,
             ctx.sampling,
             ctx.train_examples,
-            self.schedule.indices,
+            lambda step: self.schedule.indices(step)[eng.rank :: eng.world_size],  # this process's share
             self.algo.cfg.group_size,
             ctx.max_total_tokens,
             self.cfg.async_rollout.max_staleness,

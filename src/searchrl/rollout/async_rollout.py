@@ -51,10 +51,13 @@ def refusal(
     loop: str,
     world: int,
     resamples: bool = False,
+    sharded: bool = False,
 ) -> str | None:
     """Why this version cannot run ``algorithm`` with asynchronous rollouts (None: it can). ``own_collect``:
     the algorithm replaces the episode collection (SLATE's step-level search); ``resamples``: it draws more
-    questions within a step (DAPO's dynamic sampling)."""
+    questions within a step (DAPO's dynamic sampling); ``sharded``: DeepSpeed holds the weights (ZeRO), so a
+    process has no whole policy to copy. Under DDP each of the ``world`` processes runs its own worker on its
+    own share of each step's questions, with the same weights after every update."""
     if not online:
         return f"'{algorithm}' trains on given records; asynchronous rollouts are for online algorithms"
     if own_collect:
@@ -72,10 +75,11 @@ def refusal(
             "the rollout worker runs the HF backend's per-episode loop (rollout.backend: hf, rollout.loop: "
             f"episode), not backend '{backend}' with loop '{loop}'"
         )
-    if world > 1:
+    if sharded:
         return (
-            f"the rollout worker runs beside a single training process; this run has {world} "
-            "(launch with one process, or max_staleness: 0)"
+            f"the rollout worker samples with a whole copy of the policy; under DeepSpeed (ZeRO) each of the "
+            f"{world} processes holds a shard, and gathering and shipping the weights to the worker after each "
+            "step is not built yet (launch with DDP, e.g. experiments/accelerate/cpu_ddp.yaml, or max_staleness: 0)"
         )
     return None
 
