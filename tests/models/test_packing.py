@@ -25,9 +25,13 @@ def right_padded(vocab, lengths, seed=0):
 
 def test_pack_layout_and_unpack():
     ids, attn, loss = right_padded(50, [5, 2, 4])
-    p = pack(ids, attn, loss)
-    assert p.input_ids.shape == (1, 11) and p.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 0, 1, 2, 3]]
-    assert torch.equal(p.unpack(p.input_ids), ids) and torch.equal(p.unpack(p.loss_mask), loss)
+    one = pack(ids, attn, loss, capacity=11)  # everything in one row, longest first
+    assert one.input_ids.shape == (1, 11) and one.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1]]
+    p = pack(ids, attn, loss, capacity=6)  # first fit: [5 + tail], [4 + 2]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 1]]
+    assert pack(ids, attn, loss).input_ids.shape == (3, 5)  # default capacity: the longest sequence
+    for q in (one, p, pack(ids, attn, loss)):
+        assert torch.equal(q.unpack(q.input_ids), ids) and torch.equal(q.unpack(q.loss_mask), loss)
     assert padding_fraction(attn) == pytest.approx(1 - 11 / 15)
     with pytest.raises(ValueError, match="right-padded"):
         pack(ids, torch.tensor([[0, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]]), loss)

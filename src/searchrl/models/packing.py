@@ -1,8 +1,14 @@
-"""Sequence packing for the trainer's passes: a right-padded micro-batch (B, T) becomes one row of its real
-tokens (1, N), N = Σ lengths, with position ids restarting at 0 for each sequence. transformers (5.x) reads
-such position ids with no 2-D attention mask as packed sequences: a block-diagonal causal mask for the SDPA
-and eager kernels, variable-length attention for flash-attention (`masking_utils.find_packed_sequence_indices`).
+"""Sequence packing for the trainer's passes: the real tokens of a right-padded micro-batch (B, T) are
+placed into R ≤ B rows of C tokens (first-fit by decreasing length; C defaults to the longest sequence),
+several sequences per row, with position ids restarting at 0 for each. transformers (5.x) reads such
+position ids with no 2-D attention mask as packed sequences: a block-diagonal causal mask for the SDPA and
+eager kernels, variable-length attention for flash-attention (`masking_utils.find_packed_sequence_indices`).
 Outputs are scattered back to (B, T), so every loss, mask and aggregation downstream is unchanged.
+
+Rows stay at most C long because SDPA and eager attention cost C² per row whatever the mask: one row of the
+whole micro-batch (C = Σ lengths) would make attention quadratic in the micro-batch (measured 2.4-3.2×
+slower on the quickstart, `benchmarks/results/packing-quickstart.json`). A row's unused tail is padding
+that continues the last sequence's positions; nothing real attends to it.
 
 Each token's log-prob is read from the previous position; at a sequence's first token that position is
 the previous sequence's last, but a first token is always a prompt token and never carries loss.
@@ -17,35 +23,68 @@ import torch
 
 @dataclass
 class Packed:
-    input_ids: torch.Tensor  # (1, N)
-    position_ids: torch.Tensor  # (1, N), 0 … L_b − 1 per sequence
-    loss_mask: torch.Tensor  # (1, N)
-    index: torch.Tensor  # (N,) flat positions into (B · T)
+    input_ids: torch.Tensor  # (R, C)
+    position_ids: torch.Tensor  # (R, C), 0 … L_b − 1 per sequence
+    loss_mask: torch.Tensor  # (R, C)
+    index: torch.Tensor  # (N,) flat positions of the real tokens in (B · T)
+    src: torch.Tensor  # (N,) their flat positions in (R · C)
     shape: tuple[int, int]  # (B, T)
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """(1, N) -> (B, T), 0 at padding."""
+        """(R, C) -> (B, T), 0 at padding."""
         out = torch.zeros(self.shape[0] * self.shape[1], dtype=x.dtype, device=x.device)
-        return out.index_put((self.index,), x[0]).view(self.shape)
+        return out.index_put((self.index,), x.reshape(-1)[self.src]).view(self.shape)
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> Packed:
-    """The right-padded rows' real tokens, concatenated; ``attention_mask`` (B, T) marks them."""
+def first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Sequence indices per row: first fit by decreasing length into rows of ``capacity`` tokens."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for b in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for r, free in enumerate(room):
+            if lengths[b] <= free:
+                rows[r].append(b)
+                room[r] -= lengths[b]
+                break
+        else:
+            rows.append([b])
+            room.append(capacity - lengths[b])
+    return rows
+
+
+def pack(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    capacity: int | None = None,
+) -> Packed:
+    """The right-padded rows' real tokens (``attention_mask`` (B, T) marks them), packed into rows of
+    ``capacity`` tokens (default: the longest sequence)."""
     B, T = input_ids.shape
     real = attention_mask.bool()
     if (real[:, 1:] & ~real[:, :-1]).any():
         raise ValueError("packing expects right-padded rows (a real token after padding)")
-    index = real.view(-1).nonzero().squeeze(-1)
-    lengths = real.sum(-1)
-    starts = torch.cumsum(lengths, 0) - lengths
-    pos = torch.arange(int(lengths.sum()), device=input_ids.device) - torch.repeat_interleave(starts, lengths)
-    return Packed(
-        input_ids.reshape(-1)[index][None],
-        pos[None],
-        loss_mask.reshape(-1)[index][None],
-        index,
-        (B, T),
-    )
+    lengths = [int(n) for n in real.sum(-1)]
+    C = max(capacity or 0, max(lengths, default=1), 1)
+    rows = first_fit(lengths, C)
+    dev = input_ids.device
+    ids = torch.zeros((len(rows), C), dtype=input_ids.dtype, device=dev)
+    mask = torch.zeros((len(rows), C), dtype=loss_mask.dtype, device=dev)
+    pos = torch.zeros((len(rows), C), dtype=torch.long, device=dev)
+    index, src = [], []
+    for r, members in enumerate(rows):
+        at = 0
+        for b in members:
+            n = lengths[b]
+            ids[r, at : at + n] = input_ids[b, :n]
+            mask[r, at : at + n] = loss_mask[b, :n]
+            pos[r, at : at + n] = torch.arange(n, device=dev)
+            index.append(torch.arange(b * T, b * T + n, device=dev))
+            src.append(torch.arange(r * C + at, r * C + at + n, device=dev))
+            at += n
+        last = lengths[members[-1]]  # the tail continues the last sequence's positions
+        pos[r, at:] = torch.arange(last, last + C - at, device=dev)
+    return Packed(ids, pos, mask, torch.cat(index), torch.cat(src), (B, T))
 
 
 def padding_fraction(attention_mask: torch.Tensor) -> float:
