@@ -141,6 +141,9 @@ class AsyncRollout:
         self.version = start_step  # optimizer steps taken by the weights the worker samples with
         self._cond = threading.Condition()
         self._weights = threading.Lock()  # held by the worker for each decode step
+        # a threading.Lock is not fair: without this the worker could re-take it step after step while the
+        # trainer waits to ship its weights (seen under load: a whole action decoded before the sync)
+        self._sync_waiting = threading.Event()
         self._done: dict[int, _Batch] = {}
         self._error: BaseException | None = None
         self._stop = False
@@ -181,7 +184,9 @@ class AsyncRollout:
         """Ship the trainer's weights after its optimizer step ``version``: loaded between two decode
         steps; tokens sampled from then on carry ``version``."""
         state = {k: v.detach() for k, v in policy.state_dict().items()}
+        self._sync_waiting.set()  # the worker yields the lock at its next decode-step boundary
         with self._weights:
+            self._sync_waiting.clear()
             self.model.load_state_dict(state)
             self.version = version
         with self._cond:
@@ -246,6 +251,8 @@ class AsyncRollout:
                     if not admissible(self.next_step, self.version, self.max_staleness):
                         self._cond.wait(timeout=1.0)  # the cap: wait for the trainer's next weights
                         continue
+            while self._sync_waiting.is_set():  # the trainer is shipping weights: let it in first
+                time.sleep(0.0005)
             with self._weights:
                 stream.version = self.version
                 self._admit(stream, batches)
