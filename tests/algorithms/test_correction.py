@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchrl.algorithms.correction import MODES, RolloutCorrection, correction_weights, effective_sample_size
-from searchrl.algorithms.losses import clipped_policy_loss
 from searchrl.config import ConfigError, from_dict
 
 # two sequences; log ρ = old − behaviour. Row 0: ρ = (e^1, 1, e^−0.5) on 3 tokens; row 1: ρ = (e^0.1, e^0.1)
@@ -113,13 +112,20 @@ def test_every_mode_matches_the_reference_on_random_inputs(seed, mode, scale, hi
 
 
 def test_the_weight_multiplies_the_clipped_loss_as_a_constant():
+    """`batch_policy_loss` applies the micro-batch's ``is_weight`` to whichever policy loss is configured."""
+    from types import SimpleNamespace
+
+    from searchrl.algorithms.losses import batch_policy_loss
+
     old = torch.tensor([[-1.1, -0.5, -1.0]])
     adv = torch.tensor([[1.0, -1.0, 2.0]])
     w = weights("token_tis")[0, 1:4][None]  # (2, 1, e^-0.5)
+    cfg = SimpleNamespace(policy_loss="clip", clip_low=0.2, clip_high=0.2, dual_clip=None)
     grads = []
     for weight in (None, w):
         logp = torch.tensor([[-1.0, -0.5, -2.0]], requires_grad=True)
-        loss, _ = clipped_policy_loss(logp, old, adv, weight=weight)
+        extras = {"old_logp": old, "advantages": adv, **({"is_weight": weight} if weight is not None else {})}
+        loss, _ = batch_policy_loss(cfg, logp, SimpleNamespace(extras=extras, loss_mask=torch.ones(1, 3)))
         loss.sum().backward()
         grads.append((loss.detach(), logp.grad))
     (plain, g_plain), (weighted, g_weighted) = grads

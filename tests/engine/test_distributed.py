@@ -41,6 +41,13 @@ def accelerate_cmd(config: str, *args: str) -> list[str]:
     return [accelerate, "launch", "--config_file", str(CONFIGS / config), "--main_process_port", "0", *args]
 
 
+def quickstart_cmd(config: str, *overrides: str) -> list[str]:
+    """`searchrl train experiments/quickstart.yaml OVERRIDES` under `accelerate launch` with ``config``."""
+    return accelerate_cmd(
+        config, "-m", "searchrl", "train", str(REPO / "experiments" / "quickstart.yaml"), *overrides
+    )
+
+
 def launch_env(config: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(extra or {})}
     if "zero" in config:
@@ -233,12 +240,8 @@ def test_train_pipeline_under_accelerate_launch(tmp_path, world_dir, agent_model
     """`searchrl train` end to end on 2 ZeRO-3 processes (warm start, GRPO with evaluation during
     training, evaluation of every stage sharded over the processes), then `--resume` of the finished run."""
     out = tmp_path / "run"
-    cmd = accelerate_cmd(
+    cmd = quickstart_cmd(
         "cpu_zero3.yaml",
-        "-m",
-        "searchrl",
-        "train",
-        str(REPO / "experiments" / "quickstart.yaml"),
         f"data.world_dir={world_dir}",
         f"model.path={agent_model_dir}",
         f"output_dir={out}",
@@ -260,12 +263,8 @@ def test_asynchronous_rollouts_under_ddp(tmp_path, world_dir, agent_model_dir):
     """`searchrl train` with max_staleness 1 on 2 DDP processes: each runs its own rollout worker on its
     share of every step's questions; the staleness cap holds, and the processes' metrics are reduced."""
     out = tmp_path / "run"
-    cmd = accelerate_cmd(
+    cmd = quickstart_cmd(
         "cpu_ddp.yaml",
-        "-m",
-        "searchrl",
-        "train",
-        str(REPO / "experiments" / "quickstart.yaml"),
         f"data.world_dir={world_dir}",
         f"model.path={agent_model_dir}",
         f"output_dir={out}",
@@ -287,12 +286,8 @@ def test_desynchronised_run_fails_within_the_timeout(tmp_path, world_dir, agent_
     """One process issues a collective the other does not (a test hook): both must stop with an error that
     names the step and phase, within the configured timeout, instead of hanging."""
     out = tmp_path / "run"
-    cmd = accelerate_cmd(
+    cmd = quickstart_cmd(
         "cpu_ddp.yaml",
-        "-m",
-        "searchrl",
-        "train",
-        str(REPO / "experiments" / "quickstart.yaml"),
         f"data.world_dir={world_dir}",
         f"output_dir={out}",
         f"warm_start.checkpoint={agent_model_dir}",

@@ -114,3 +114,33 @@ def test_a_training_step_packed_equals_padded(make_exp, tmp_path, lean):
     # Adam divides by √v: an entry whose gradient is ~0 moves by up to lr whatever its sign, so float rounding
     # shows in the weights at a fraction of lr (the gradients themselves agree to 1e-5, test above)
     assert max(float((after[0][k] - after[1][k]).abs().max()) for k in after[0]) < 0.01 * 5e-3
+
+
+def test_packed_equals_padded_on_qwens_real_vocabulary(tmp_path):
+    """Qwen2.5's 151,936-row vocabulary, tags as text (`<search>` spans tokens, `</search>` merges with its
+    neighbours): real episodes of different lengths, packed, give the padded log-probs and entropies."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from searchrl.models.tiny import build_local_model
+
+    out = build_local_model("tiny", [], tmp_path / "qwen-vocab", tokenizer="qwen2.5", layers=1)
+    tok = AutoTokenizer.from_pretrained(out)
+    model = add_lean_head(AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32))
+    texts = [
+        "Question: who directed Lalshul?\n<think> find the film </think>\n<search> Lalshul director</search>",
+        "Question: where?\n<answer> X</answer>",
+        "Question: which city?\n<search> X born in</search>",
+    ]
+    rows = [tok(t)["input_ids"] for t in texts]
+    T = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (T - len(r)) for r in rows])
+    attn = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    loss = attn.float().clone()
+    loss[:, :4] = 0
+    p = pack(ids, attn, loss)
+    assert p.input_ids.shape[0] < len(rows)  # the two short episodes share a row
+    lp0, e0, _ = forward_lean(model, ids, attn, loss, 1.0, entropy=True)
+    lp1, e1, _ = forward_lean(
+        model, p.input_ids, None, p.loss_mask, 1.0, entropy=True, position_ids=p.position_ids
+    )
+    assert (lp0 - p.unpack(lp1)).abs().max() < 1e-5 and (e0 - p.unpack(e1)).abs().max() < 1e-5

@@ -41,7 +41,6 @@ def clipped_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
-    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO/GRPO clipped surrogate, negated for minimisation (ReSearch eq. 1, Schulman et al. 2017):
 
@@ -49,14 +48,11 @@ def clipped_policy_loss(
     Separate ε_low / ε_high allow DAPO's clip-higher. The log-ratio is held to ±20 before the exp, as verl
     does, so a stale token cannot overflow (it changes nothing below ρ = 4.8e8). ``dual_clip`` = c > 1 bounds
     the loss of negative-advantage tokens by −c·A_t (Ye et al. 2020, verl's ``clip_ratio_c``, default 3
-    there); None, our default, is the papers' eq. 1. ``weight`` (B, T), a constant: the sampler-trainer
-    correction w_t of the decoupled objective (`algorithms.correction`), ℓ_t ← w_t · ℓ_t.
+    there); None, our default, is the papers' eq. 1.
     """
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -torch.minimum(unclipped, clipped)
+    lr = log_ratio(logp, old_logp)
+    ratio = torch.exp(lr)
+    loss, clip_frac = clipped_surrogate(ratio, advantages, clip_low, clip_high)
     metrics: dict[str, torch.Tensor] = {}
     if dual_clip is not None:
         check_stabilisers(dual_clip, None)
@@ -64,12 +60,28 @@ def clipped_policy_loss(
         capped = (advantages < 0) & (loss > bound)
         loss = torch.where(capped, bound, loss)
         metrics["dual_clip_frac"] = capped.float().detach()
-    if weight is not None:
-        loss = loss * weight.detach()
-    with torch.no_grad():
-        clip_frac = (clipped < unclipped).float()  # the clip was active
-        approx_kl = 0.5 * log_ratio**2
-    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "ratio": ratio.detach(), **metrics}
+    return loss, {
+        "clip_frac": clip_frac,
+        "approx_kl": 0.5 * lr.detach() ** 2,
+        "ratio": ratio.detach(),
+        **metrics,
+    }
+
+
+def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """log ρ = log π_θ − log π_old, held to ±20 as verl does: a stale token cannot overflow the exp."""
+    return (logp - old_logp).clamp(-20.0, 20.0)
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """−min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A) (token ρ for PPO/GRPO, sequence ρ for GSPO), and where
+    the clip was active (a constant, broadcast to the loss's shape)."""
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, (clipped < unclipped).float().detach().expand_as(loss)
 
 
 def batch_policy_loss(

@@ -17,15 +17,11 @@ from typing import Any
 
 import torch
 
-from searchrl.algorithms.losses import clipped_policy_loss
+from searchrl.algorithms.losses import clipped_policy_loss, clipped_surrogate, log_ratio
 
 Metrics = dict[str, torch.Tensor]
 
 SEQUENCE_LEVEL = ("gspo", "gmpo")  # one loss per sequence: need loss_agg seq-mean-token-mean
-
-
-def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
-    return (logp - old_logp).clamp(-20.0, 20.0)  # as verl: a stale token cannot overflow exp
 
 
 def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -41,17 +37,14 @@ def clip(
 
 
 def _clipped(
-    ratio: torch.Tensor, adv: torch.Tensor, cfg: Any, log_ratio: torch.Tensor
+    ratio: torch.Tensor, adv: torch.Tensor, cfg: Any, lr: torch.Tensor
 ) -> tuple[torch.Tensor, Metrics]:
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
-    loss = -torch.minimum(unclipped, clipped)
-    with torch.no_grad():
-        metrics = {
-            "clip_frac": (clipped < unclipped).float().expand_as(loss),
-            "approx_kl": 0.5 * log_ratio.detach() ** 2,
-            "ratio": ratio.detach().expand_as(loss),
-        }
+    loss, clip_frac = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high)
+    metrics = {
+        "clip_frac": clip_frac,
+        "approx_kl": 0.5 * lr.detach() ** 2,
+        "ratio": ratio.detach().expand_as(loss),
+    }
     return loss, metrics
 
 
@@ -61,7 +54,7 @@ def gspo(
     """GSPO (Zheng et al. 2025, eq. 5-7): the sequence ratio s_i = exp(1/|y_i| Σ_t log ρ_{i,t}), clipped per
     sequence, ℓ_i = −min(s_i A_i, clip(s_i, 1 − ε_low, 1 + ε_high) A_i). The gradient flows through the
     length-normalised sum: each token gets s_i / |y_i| · ∇log π_θ(y_t)."""
-    lr = _log_ratio(logp, old_logp)
+    lr = log_ratio(logp, old_logp)
     s = torch.exp(_seq_mean(lr, mask).clamp(max=10.0))  # (B, 1), capped as verl's GSPO
     return _clipped(s, adv, cfg, lr)
 
@@ -72,7 +65,7 @@ def gspo_token(
     """GSPO-token (Zheng et al. 2025, eq. 13-14): s_{i,t} = sg[s_i] · π_θ(y_t) / sg[π_θ(y_t)], equal to s_i
     in value, with the token's own gradient, so a token-level advantage A_{i,t} may differ along a sequence.
     With one advantage per sequence its gradient is GSPO's."""
-    lr = _log_ratio(logp, old_logp)
+    lr = log_ratio(logp, old_logp)
     log_s = (logp - logp.detach() + _seq_mean(lr, mask).detach()).clamp(max=10.0)
     return _clipped(torch.exp(log_s), adv, cfg, lr)
 
@@ -83,7 +76,7 @@ def cispo(
     """CISPO (MiniMax-M1, Chen et al. 2025, eq. 4-5): ℓ_t = −sg(clip(ρ_t, 1 − ε_low, 1 + ε_high)) · A_t ·
     log π_θ(y_t). The weight is clipped, not the token: every token keeps a gradient (a clipped PPO token
     gets none). TRL's ``loss_type: cispo`` bounds only the top (its ε_high is the bound itself)."""
-    lr = _log_ratio(logp, old_logp)
+    lr = log_ratio(logp, old_logp)
     ratio = torch.exp(lr)
     weight = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high).detach()
     loss = -weight * adv * logp
@@ -102,7 +95,7 @@ def gmpo(
         ℓ_i = −A_i · exp(1/|y_i| Σ_t sgn(A_i) · min(sgn(A_i) log ρ_t, sgn(A_i) clip(log ρ_t, −ε_low, ε_high))),
 
     with A_i the sequence's advantage (the mean of its tokens', as verl's ``geo_mean``)."""
-    lr = _log_ratio(logp, old_logp)
+    lr = log_ratio(logp, old_logp)
     a = _seq_mean(adv, mask)  # (B, 1)
     sign = torch.sign(a)
     bounded = sign * torch.minimum(sign * lr, sign * lr.clamp(-cfg.clip_low, cfg.clip_high))
