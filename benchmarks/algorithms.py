@@ -67,6 +67,7 @@ def main() -> None:
                     f"name={name}",
                     f"seed={s}",
                     f"warm_start.checkpoint={Path(args.sft).resolve()}",
+                    "trainer.samples.groups=0",  # benchmarks write no training samples
                     *([f"trainer.steps={steps[algo]}"] if algo in steps else []),
                     *args.overrides,
                 ]

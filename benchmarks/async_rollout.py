@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from searchrl.config import AsyncRolloutConfig, TrainerConfig
+from searchrl.config import AsyncRolloutConfig, SamplesConfig, TrainerConfig
 from searchrl.engine.trainer import Trainer
 from searchrl.experiment import load_experiment
 from searchrl.rollout import async_rollout
@@ -54,6 +54,7 @@ def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group:
         lr=3e-4,
         save_every=10**9,
         log_entropy=False,
+        samples=SamplesConfig(groups=0),  # a timing: no training samples written
         async_rollout=AsyncRolloutConfig(max_staleness=staleness),
     )
     tr = Trainer(

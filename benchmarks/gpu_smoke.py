@@ -144,7 +144,7 @@ def offline_records(rt: Any, algo: str) -> list[dict[str, Any]] | None:
 def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Path) -> dict[str, Any]:
     import torch
 
-    from searchrl.config import TrainerConfig
+    from searchrl.config import SamplesConfig, TrainerConfig
     from searchrl.engine.trainer import Trainer
     from searchrl.experiment import load_experiment
     from searchrl.runtime import Runtime
@@ -163,6 +163,7 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
         lr=a.lr,
         save_every=10**6,
         log_entropy=True,
+        samples=SamplesConfig(groups=0),  # a timing: no training samples written
     )
     row: dict[str, Any] = {"algorithm": algo, "backend": backend if algo in ONLINE else "-"}
     cuda = torch.cuda.is_available()

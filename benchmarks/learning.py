@@ -43,6 +43,7 @@ def main() -> None:
             args.config,
             f"name={name}",
             f"seed={s}",
+            "trainer.samples.groups=0",  # benchmarks write no training samples
             *args.overrides,
         ]
         run = Path("runs") / name

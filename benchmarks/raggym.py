@@ -100,6 +100,7 @@ def main() -> None:
                             f"name={out.name}",
                             f"warm_start.checkpoint={base}",
                             f"eval.best_of_temperature={args.temperature}",
+                            "trainer.samples.groups=0",  # benchmarks write no training samples
                             *common,
                             *extra,
                             *args.overrides,

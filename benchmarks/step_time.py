@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from searchrl.config import TrainerConfig
+from searchrl.config import SamplesConfig, TrainerConfig
 from searchrl.engine.trainer import Trainer
 from searchrl.experiment import load_experiment
 from searchrl.rollout.generator import SamplingParams
@@ -40,6 +40,7 @@ def ours(exp, rt, model: str, steps: int, questions: int, micro: int, loop: str 
         lr=1e-4,
         save_every=10**9,
         log_entropy=False,
+        samples=SamplesConfig(groups=0),  # a timing: no training samples written
     )
     tr = Trainer(
         algorithm="grpo",

@@ -88,21 +88,11 @@ def make_exp(world_dir, tiny_model_dir, tmp_path):
     """An experiment on the small world and the tiny model, writing into this test's tmp dir."""
     from searchrl.experiment import load_experiment
 
+    from .helpers import tiny_overrides
+
     def make(*overrides: str):
         return load_experiment(
-            None,
-            [
-                f"data.world_dir={world_dir}",
-                f"model.path={tiny_model_dir}",
-                f"output_dir={tmp_path / 'run'}",
-                "env.template=short",
-                "env.topk=2",
-                "env.max_turns=3",
-                "rollout.max_new_tokens=16",
-                "rollout.max_total_tokens=256",
-                "rewards=[{name: f1}]",
-                *overrides,
-            ],
+            None, [*tiny_overrides(world_dir, tiny_model_dir, tmp_path / "run"), *overrides]
         )
 
     return make

@@ -51,6 +51,21 @@ class JSONHandler(BaseHTTPRequestHandler):
 QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
 
 
+def tiny_overrides(world_dir: Path, model_dir: Path, out: Path) -> list[str]:
+    """An experiment on the tests' small world and tiny model, writing into ``out`` (`make_exp`'s)."""
+    return [
+        f"data.world_dir={world_dir}",
+        f"model.path={model_dir}",
+        f"output_dir={out}",
+        "env.template=short",
+        "env.topk=2",
+        "env.max_turns=3",
+        "rollout.max_new_tokens=16",
+        "rollout.max_total_tokens=256",
+        "rewards=[{name: f1}]",
+    ]
+
+
 def eval_teacher(out: Path, *overrides: str) -> None:
     """`searchrl eval experiments/quickstart.yaml --agent teacher` into ``out``, with ``overrides``."""
     from searchrl.cli import main

@@ -31,6 +31,7 @@ APP = {
     "runtime",
     "plots",
     "chat_server",
+    "viewer",
     "__main__",
 }
 SUBPACKAGES = {"models", "envs", "rollout", "rewards", "algorithms", "engine"}

@@ -26,7 +26,9 @@ FIELDS = {
     "retrieved",
     "gold_hits",
     "gold_doc_ids",
+    "hops",
     "transcript",
+    "segments",
 }
 
 

@@ -241,6 +241,15 @@ def cmd_report(args: argparse.Namespace) -> None:
     print(f"\nreport: {page} (and report.md, PNGs beside it)")
 
 
+def cmd_view(args: argparse.Namespace) -> None:
+    from searchrl.viewer.build import serve, view
+
+    index = view(args.target, args.compare, args.out)
+    print(f"viewer: {index} (open it in a browser; it needs no server)")
+    if args.serve is not None:
+        serve(index, args.serve)
+
+
 def cmd_teacher(args: argparse.Namespace) -> None:
     from searchrl.data.example import write_jsonl
     from searchrl.envs.synthetic.teacher import teacher_records
@@ -443,6 +452,25 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dirs", nargs="+")
     r.add_argument("--out", default="report")
     r.set_defaults(fn=cmd_report)
+
+    vw = sub.add_parser(
+        "view", help="a static HTML viewer of evaluations, a paired comparison and training samples"
+    )
+    vw.add_argument("target", metavar="RUN_OR_FILE", help="a run directory or a *.predictions.jsonl file")
+    vw.add_argument("--compare", metavar="OTHER", default=None, help="a second run or predictions file")
+    vw.add_argument(
+        "--out", default=None, help="output folder (default: RUN/view, or NAME.view beside a file)"
+    )
+    vw.add_argument(
+        "--serve",
+        type=int,
+        nargs="?",
+        const=0,
+        default=None,
+        metavar="PORT",
+        help="also serve the folder on 127.0.0.1 (PORT, or any free port)",
+    )
+    vw.set_defaults(fn=cmd_view)
 
     t = sub.add_parser("teacher", help="write scripted-teacher trajectories for a split (SFT data)")
     t.add_argument("config")

@@ -231,6 +231,15 @@ class AsyncRolloutConfig:
 
 
 @dataclass(frozen=True)
+class SamplesConfig:
+    """What each step trained on, saved for `searchrl view` (``trainer.samples``, `engine.samples`): token ids,
+    loss mask, behaviour / π_old / trainer log-probs, advantages and step rewards of a few groups' rows."""
+
+    groups: int = 2  # groups (a question's episodes, a prefix's candidates) per saved step; 0: nothing saved
+    every: int = 1  # save every N-th step
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     steps: int = 100  # optimizer steps per epoch × mini_batch == rollout batches
     batch_size: int = 16  # questions (online) or records (SFT) per step, across all processes
@@ -266,6 +275,8 @@ class TrainerConfig:
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     # asynchronous partial rollouts under a staleness cap (`searchrl.rollout.async_rollout`)
     async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
+    # a sample of each step's batch as the loss saw it, in samples/ (`searchrl view`'s training view)
+    samples: SamplesConfig = field(default_factory=SamplesConfig)
 
     def __post_init__(self) -> None:
         if self.schedule == "wsd" and not 0 < self.decay_fraction <= 1:
@@ -373,6 +384,7 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "WarmStartConfig": {"teacher_passes": _AT_LEAST_1},
     "GuardConfig": {"window": _AT_LEAST_1, "after": _AT_LEAST_0},
     "AsyncRolloutConfig": {"max_staleness": _AT_LEAST_0},
+    "SamplesConfig": {"groups": _AT_LEAST_0, "every": _AT_LEAST_1},
     "GuardsConfig": {"lr_scale": (lambda v: 0 < v <= 1, "in (0, 1]"), "max_rollbacks": _AT_LEAST_0},
     "EvalConfig": {"limit": _AT_LEAST_1, "temperature": _AT_LEAST_0, "best_of_temperature": _AT_LEAST_0},
     "ProcessDataConfig": {"n": _AT_LEAST_1, "limit": _AT_LEAST_1, "temperature": _AT_LEAST_0},

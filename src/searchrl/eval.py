@@ -141,8 +141,37 @@ def prediction(state: EnvState) -> dict[str, Any]:
         # gold documents retrieved at some step (None: the data names none)
         "gold_hits": sorted(gold & {d for ids in retrieved for d in ids}) if gold else None,
         "gold_doc_ids": list(ex.gold_doc_ids),
+        "hops": ex.n_hops or None,  # from the data's decomposition (None: unknown)
         "transcript": state.text(),
+        "segments": transcript_segments(state),
     }
+
+
+def transcript_segments(state: EnvState) -> list[dict[str, Any]]:
+    """The transcript as the agent saw it, split into segments (what `searchrl view` draws): the prompt, then
+    each action and the environment's observation, with the documents each search retrieved (the
+    environment's own retrieval, ``prefetched``, on the prompt) and whether the data names them gold."""
+    gold = set(state.example.gold_doc_ids)
+
+    def docs(found: Any) -> list[dict[str, Any]]:
+        return [{"id": d.id, "title": d.title, "text": d.text, "gold": d.id in gold} for d in found]
+
+    prompt: dict[str, Any] = {"kind": "prompt", "text": state.prompt}
+    if state.prefetched is not None:
+        prompt["docs"] = docs(state.prefetched[1])
+    out = [prompt]
+    for i, (action, obs) in enumerate(zip(state.actions, state.observations)):
+        info = state.infos[i] if i < len(state.infos) else None
+        act: dict[str, Any] = {"kind": "action", "text": action}
+        if info is not None:
+            act.update(step=info.kind, valid=info.valid, error=info.error)
+        out.append(act)
+        seg: dict[str, Any] = {"kind": "observation", "text": obs}
+        if i < len(state.retrieved) and state.retrieved[i]:
+            seg["docs"] = docs(state.retrieved[i])
+        if obs or "docs" in seg:
+            out.append(seg)
+    return out
 
 
 def hotpot_predictions(states: Sequence[EnvState]) -> dict[str, Any]:

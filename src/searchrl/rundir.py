@@ -27,8 +27,10 @@ STAGE_FILES = (
     "tensorboard",
     "metrics.jsonl",
     "guards.json",
+    "samples",  # trainer.samples (`engine.samples`)
 )
-ROOT_FILES = (*STAGE_FILES, "results.json", "results.md", "learning_curve.png", "config.yaml")
+# view/: `searchrl view RUN`'s default output, stale once the run starts over
+ROOT_FILES = (*STAGE_FILES, "results.json", "results.md", "learning_curve.png", "config.yaml", "view")
 STAGE_DIRS = ("sft",)
 # eval/NAME-SPLIT.{json,md,predictions.jsonl,hotpot.json,config.yaml} (`searchrl.eval.write_results`)
 EVAL_FILE = re.compile(r"^.+-(train|dev|test)\.(json|md|predictions\.jsonl|hotpot\.json|config\.yaml)$")

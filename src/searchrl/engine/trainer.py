@@ -30,6 +30,7 @@ from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.guards import Guards, GuardTrip, Trip
 from searchrl.engine.metrics import MetricsSink
+from searchrl.engine.samples import SampleRecorder
 from searchrl.functional import token_entropy, token_logprobs, token_weights
 from searchrl.masking import build_batch
 from searchrl.models.packing import pack
@@ -148,6 +149,9 @@ class Trainer:
         log = out_dir / "guards.json"
         self._trip_log: list[dict[str, Any]] = (
             json.loads(log.read_text())["trips"] if resume and log.exists() else []
+        )
+        self.samples = SampleRecorder(
+            out_dir, cfg.samples.groups, cfg.samples.every, self.tokenizer, enabled=eng.is_main
         )
         self.sink = MetricsSink(
             out_dir,
@@ -386,6 +390,7 @@ class Trainer:
                     mb.extras["old_logp"] = logp.detach()
                     self._mismatch(mb.extras["old_logp"], mb)
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
+                self.samples.record(mb, logp)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
                 eng.backward(loss)
@@ -424,6 +429,7 @@ class Trainer:
         trajs = self._pad(trajs)
         t_collect = time.perf_counter() - t0
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
+        self.samples.start(step, trajs, batch)
         local: dict[str, float] = {**collect_metrics}
         self._sampler_diff = [0.0, 0.0, 0.0]  # |sampled − recomputed log-prob|: sum, tokens, max
         self._corr_sums: dict[str, float] = defaultdict(float)
@@ -495,6 +501,7 @@ class Trainer:
             if k.startswith("service/"):
                 self._service_totals[k] = self._service_totals.get(k, 0.0) + v
         check_failure_rates(self._service_totals)
+        self.samples.finish(out)
         return out
 
     def _generation_session(self) -> Any:

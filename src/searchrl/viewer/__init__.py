@@ -1,0 +1,1 @@
+"""`searchrl view`: a static HTML viewer of evaluations, paired comparisons and training samples."""
