@@ -136,8 +136,8 @@ def main() -> None:
 def statistics_of(run_dirs: list[Path]) -> tuple[str, list[dict[str, object]]]:
     """EM intervals per algorithm and stage (the SFT start is every run's ``sft`` stage: the same model, so
     its rows pool the seeds' evaluations) and paired tests, as markdown and as records."""
-    from searchrl.report import ALPHA, arms, interval
-    from searchrl.stats import align, paired_bootstrap
+    from searchrl.app.report import ALPHA, arms, interval
+    from searchrl.core.stats import align, paired_bootstrap
 
     groups = {}
     for d in run_dirs:

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from searchrl.config import AsyncRolloutConfig, SamplesConfig, TrainerConfig
+from searchrl.app.experiment import load_experiment
+from searchrl.app.runtime import Runtime
+from searchrl.core.config import AsyncRolloutConfig, SamplesConfig, TrainerConfig
 from searchrl.engine.trainer import Trainer
-from searchrl.experiment import load_experiment
 from searchrl.rollout import async_rollout
-from searchrl.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -75,7 +75,7 @@ def weights_checksum(tr: Any) -> float:
 
 def check_rollouts(trajs: list[Any], tok: Any, pad_id: int) -> list[str]:
     """Masks and stops of this process's trajectories; the problems found."""
-    from searchrl.masking import build_batch
+    from searchrl.core.masking import build_batch
 
     problems = []
     batch = build_batch(trajs, pad_id)
@@ -144,10 +144,10 @@ def offline_records(rt: Any, algo: str) -> list[dict[str, Any]] | None:
 def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Path) -> dict[str, Any]:
     import torch
 
-    from searchrl.config import SamplesConfig, TrainerConfig
+    from searchrl.app.experiment import load_experiment
+    from searchrl.app.runtime import Runtime
+    from searchrl.core.config import SamplesConfig, TrainerConfig
     from searchrl.engine.trainer import Trainer
-    from searchrl.experiment import load_experiment
-    from searchrl.runtime import Runtime
 
     exp = load_experiment(None, overrides(a, world, tmp / f"{algo}-{backend}", algo, backend))
     rt = Runtime(exp)

@@ -31,7 +31,7 @@ def one(a: argparse.Namespace) -> dict[str, float]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from searchrl.functional import token_logprobs
+    from searchrl.core.functional import token_logprobs
     from searchrl.models.lean_head import add_lean_head
     from searchrl.models.policy import forward, forward_lean
 

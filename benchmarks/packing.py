@@ -48,7 +48,7 @@ def one(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from searchrl.functional import masked_sum
+    from searchrl.core.functional import masked_sum
     from searchrl.models.lean_head import add_lean_head
     from searchrl.models.packing import pack, padding_fraction
     from searchrl.models.policy import forward_lean

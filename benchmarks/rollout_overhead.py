@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from searchrl.experiment import load_experiment
+from searchrl.app.experiment import load_experiment
+from searchrl.app.runtime import Runtime
 from searchrl.models.load import load_model_and_tokenizer
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator
 from searchrl.rollout.loop import encode, rollout
-from searchrl.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 
 from searchrl.algorithms.slate import step_reward
+from searchrl.app.experiment import load_experiment
+from searchrl.app.runtime import Runtime
 from searchrl.envs.search import EnvState
-from searchrl.experiment import load_experiment
 from searchrl.models.load import load_model_and_tokenizer
 from searchrl.rewards.judges import JudgeItem, RuleJudge
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator
 from searchrl.rollout.loop import branch, rollout, run, start_trajectories
-from searchrl.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from searchrl.config import SamplesConfig, TrainerConfig
+from searchrl.app.experiment import load_experiment
+from searchrl.app.runtime import Runtime
+from searchrl.core.config import SamplesConfig, TrainerConfig
 from searchrl.engine.trainer import Trainer
-from searchrl.experiment import load_experiment
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator
 from searchrl.rollout.loop import rollout
-from searchrl.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def trl(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[flo
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from searchrl.answers import exact_match
+    from searchrl.core.answers import exact_match
 
     env = rt.env()
     examples = rt.examples("train")

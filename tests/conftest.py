@@ -61,10 +61,10 @@ def world_bm25(small_world):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, small_world, world_bm25):
     """The tiny local model and tokenizer, built once per session from the small world."""
+    from searchrl.app.runtime import tokenizer_texts
     from searchrl.envs.search import SearchEnv
     from searchrl.envs.tags import ALL_TAG_STRINGS
     from searchrl.models.tiny import build_local_model
-    from searchrl.runtime import tokenizer_texts
 
     out = tmp_path_factory.mktemp("tiny_model")
     env = SearchEnv(world_bm25, template="short", max_turns=6)
@@ -86,7 +86,7 @@ def world_dir(tmp_path_factory, small_world):
 @pytest.fixture
 def make_exp(world_dir, tiny_model_dir, tmp_path):
     """An experiment on the small world and the tiny model, writing into this test's tmp dir."""
-    from searchrl.experiment import load_experiment
+    from searchrl.app.experiment import load_experiment
 
     from .helpers import tiny_overrides
 
@@ -103,11 +103,11 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
     """The tiny model after 30 SFT steps on teacher trajectories: it emits the tags, so its episodes take
     1-3 turns and end in different ways. Tests that need processes whose rollouts differ use it (an
     untrained model ends every episode in its first turn)."""
-    from searchrl.config import TrainerConfig
+    from searchrl.app.experiment import load_experiment
+    from searchrl.app.runtime import Runtime
+    from searchrl.core.config import TrainerConfig
     from searchrl.engine.trainer import Trainer
     from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
-    from searchrl.experiment import load_experiment
-    from searchrl.runtime import Runtime
 
     out = tmp_path_factory.mktemp("agent_model")
     exp = load_experiment(
@@ -139,7 +139,7 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
 @pytest.fixture(scope="session")
 def qwen_tokenizer_dir(tmp_path_factory):
     """Qwen2.5's tokenizer, written once per session by `searchrl tokenizer qwen2.5` (the qwen extra)."""
-    from searchrl.cli import main
+    from searchrl.app.cli import main
 
     out = tmp_path_factory.mktemp("qwen2.5-tokenizer")
     main(["tokenizer", "qwen2.5", "--out", str(out)])

@@ -68,6 +68,6 @@ def tiny_overrides(world_dir: Path, model_dir: Path, out: Path) -> list[str]:
 
 def eval_teacher(out: Path, *overrides: str) -> None:
     """`searchrl eval experiments/quickstart.yaml --agent teacher` into ``out``, with ``overrides``."""
-    from searchrl.cli import main
+    from searchrl.app.cli import main
 
     main(["eval", str(QUICKSTART), "--agent", "teacher", f"output_dir={out}", *overrides])

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchrl.aggregate import Max, Mean, Sum, combine, values
+from searchrl.core.aggregate import Max, Mean, Sum, combine, values
 from searchrl.rollout.loop import RolloutStats
 
 
@@ -61,7 +61,7 @@ def test_rollout_stats_report_every_finish_reason():
 
 
 def test_merge_keeps_kinds_and_pools_means():
-    from searchrl.aggregate import Max, Mean, Sum, combine, merge
+    from searchrl.core.aggregate import Max, Mean, Sum, combine, merge
 
     a = {"m": Mean(3, 2), "s": Sum(5), "x": Max(1.0), "only_a": Mean(1, 1)}
     b = {"m": Mean(1, 2), "s": Sum(2), "x": Max(4.0)}

@@ -1,6 +1,13 @@
 import pytest
 
-from searchrl.answers import answer_scores, exact_match, f1_score, normalize_answer, sub_exact_match, word_f1
+from searchrl.core.answers import (
+    answer_scores,
+    exact_match,
+    f1_score,
+    normalize_answer,
+    sub_exact_match,
+    word_f1,
+)
 
 
 def test_normalisation_follows_squad():

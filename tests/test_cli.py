@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.cli import main
+from searchrl.app.cli import main
 from tests.helpers import eval_teacher
 
 REPO = Path(__file__).resolve().parents[1]

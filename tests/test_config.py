@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.config import Experiment, save_resolved
-from searchrl.errors import ConfigError
-from searchrl.experiment import check_arguments, load_experiment
+from searchrl.app.experiment import check_arguments, load_experiment
+from searchrl.core.config import Experiment, save_resolved
+from searchrl.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -186,7 +186,7 @@ def test_every_shipped_experiment_validates():
 
 
 def test_every_shipped_sweep_validates():
-    from searchrl.sweep import check, load_sweep
+    from searchrl.app.sweep import check, load_sweep
 
     files = sorted((REPO / "experiments" / "sweeps").glob("*.yaml"))
     assert len(files) >= 2

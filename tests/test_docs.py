@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from searchrl.experiment import check_arguments, load_experiment
+from searchrl.app.experiment import check_arguments, load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -2,9 +2,9 @@
 
 import json
 
+from searchrl.app.eval import episode_metrics, write_results
 from searchrl.data.example import Example, Hop
 from searchrl.envs.search import EnvState, StepInfo
-from searchrl.eval import episode_metrics, write_results
 
 
 def finished(ex: Example, answer: str) -> EnvState:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
+from searchrl.app.experiment import check_arguments, load_experiment
 from searchrl.engine.metrics import read_metrics
-from searchrl.experiment import check_arguments, load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "custom_reward"
@@ -23,8 +23,8 @@ def test_custom_reward_example_trains(make_exp, monkeypatch):
         "rollout.temperature=1.0",
         "trainer={steps: 2, batch_size: 2, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}",
     )
+    from searchrl.app.runtime import Runtime
     from searchrl.engine.trainer import Trainer
-    from searchrl.runtime import Runtime
 
     tr = Trainer(
         algorithm="steppo",
@@ -45,10 +45,10 @@ def test_gold_hits_scores_each_search(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLE))
     from my_rewards import gold_hits
 
+    from searchrl.core.types import Segment, Step, Trajectory
     from searchrl.data.corpus import Doc
     from searchrl.data.example import Example, Hop
     from searchrl.envs.search import SearchEnv
-    from searchrl.types import Segment, Step, Trajectory
 
     class Fixed:
         def search(self, queries, k):

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from searchrl.functional import (
+from searchrl.core.functional import (
     kl_penalty,
     masked_mean,
     masked_var,

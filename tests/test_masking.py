@@ -4,10 +4,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from searchrl.core.masking import build_batch
+from searchrl.core.types import Segment, Step, Trajectory
 from searchrl.data.example import Example
 from searchrl.envs.search import StepInfo
-from searchrl.masking import build_batch
-from searchrl.types import Segment, Step, Trajectory
 
 EX = Example(id="x", question="q", answers=("a",))
 PAD = 0

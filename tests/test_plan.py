@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.errors import ConfigError
-from searchrl.experiment import load_experiment
-from searchrl.plan import BASE, WARM, Evaluation, plan
+from searchrl.app.experiment import load_experiment
+from searchrl.app.plan import BASE, WARM, Evaluation, plan
+from searchrl.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 EXP = REPO / "experiments"
@@ -73,7 +73,7 @@ def test_pairs_need_process_data_and_an_algorithm_is_required():
 
 
 def test_warm_start_arguments_are_checked_under_their_own_key():
-    from searchrl.experiment import check_arguments
+    from searchrl.app.experiment import check_arguments
 
     exp = load_experiment(EXP / "quickstart.yaml", ["warm_start.args={loss_on: all, sampled_sofmax: 8}"])
     with pytest.raises(ConfigError, match=r"key 'warm_start.args.sampled_sofmax': unknown key") as e:

@@ -3,7 +3,7 @@ stage's held-out EM as the RL panel's baseline."""
 
 import json
 
-from searchrl.plots import curve_panels, learning_curve
+from searchrl.app.plots import curve_panels, learning_curve
 
 
 def write(path, rows):

@@ -1,7 +1,7 @@
 import pytest
 
-from searchrl.errors import RegistryError
-from searchrl.registry import Registry, import_path
+from searchrl.core.errors import RegistryError
+from searchrl.core.registry import Registry, import_path
 
 
 def test_register_and_get_by_name_and_dotted_path():
@@ -12,8 +12,8 @@ def test_register_and_get_by_name_and_dotted_path():
         return 2 * x
 
     assert reg.get("double")(3) == 6
-    assert reg.get("searchrl.answers:normalize_answer")("The Cat!") == "cat"
-    assert "double" in reg and "searchrl.answers:f1_score" in reg and "nope" not in reg
+    assert reg.get("searchrl.core.answers:normalize_answer")("The Cat!") == "cat"
+    assert "double" in reg and "searchrl.core.answers:f1_score" in reg and "nope" not in reg
     assert reg.names() == ["double"]
 
 
@@ -23,12 +23,12 @@ def test_duplicate_name_is_an_error():
     with pytest.raises(RegistryError, match="thing 'a' is already registered"):
         reg.add("a", 2)
     with pytest.raises(RegistryError, match="already registered"):
-        reg.add_lazy("a", "searchrl.answers:f1_score")
+        reg.add_lazy("a", "searchrl.core.answers:f1_score")
 
 
 def test_lazy_entries_import_on_first_use():
     reg: Registry = Registry("thing")
-    reg.add_lazy("f1", "searchrl.answers:f1_score")
+    reg.add_lazy("f1", "searchrl.core.answers:f1_score")
     assert reg.names() == ["f1"]
     assert reg.get("f1")("a b", "a b") == 1.0
 
@@ -46,8 +46,8 @@ def test_bad_dotted_paths():
     ):
         import_path("no_such_pkg.mod:fn")
     with pytest.raises(RegistryError, match="has no attribute 'nothing'"):
-        import_path("searchrl.answers:nothing")
+        import_path("searchrl.core.answers:nothing")
     with pytest.raises(RegistryError, match="not a dotted path"):
-        import_path("searchrl.answers")
+        import_path("searchrl.core.answers")
     with pytest.raises(RegistryError, match="must be non-empty and contain no ':'"):
         Registry("x").add("a:b", 1)

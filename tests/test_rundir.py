@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.errors import ConfigError
-from searchrl.experiment import load_experiment
-from searchrl.rundir import check_run_dir, claim_run_dir
+from searchrl.app.experiment import load_experiment
+from searchrl.app.rundir import check_run_dir, claim_run_dir
+from searchrl.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

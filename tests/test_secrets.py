@@ -6,8 +6,8 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from searchrl.cli import main
-from searchrl.serving import redact
+from searchrl.app.cli import main
+from searchrl.core.serving import redact
 from tests.helpers import QUICKSTART, JSONHandler
 
 CANARY = "sk-canary0123456789abcdefXYZ"
@@ -96,8 +96,8 @@ def test_a_run_whose_judge_echoes_the_key_writes_and_prints_no_key(
 def test_judge_replies_without_a_score_count_as_failures(monkeypatch):
     from types import SimpleNamespace
 
+    from searchrl.core.serving import ServiceFailure, check_failure_rates, failure_summary, service_metrics
     from searchrl.rewards.llm_judge import LLMJudge
-    from searchrl.serving import ServiceFailure, check_failure_rates, failure_summary, service_metrics
 
     server, url = serve(NoScore)
     try:

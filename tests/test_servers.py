@@ -11,7 +11,7 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from searchrl.chat_server import make_chat_server
+from searchrl.app.chat_server import make_chat_server
 from searchrl.data.corpus import load_corpus
 from searchrl.envs.retrievers.bm25 import BM25Retriever
 from searchrl.envs.retrievers.http import HTTPRetriever, RetrieverUnavailable, make_server

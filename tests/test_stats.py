@@ -1,4 +1,4 @@
-"""Bootstrap intervals and paired tests (`searchrl.stats`), and the report that prints them, on synthetic
+"""Bootstrap intervals and paired tests (`searchrl.core.stats`), and the report that prints them, on synthetic
 per-question scores whose difference is known."""
 
 import json
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from searchrl.cli import main
-from searchrl.stats import align, bootstrap_ci, paired_bootstrap
+from searchrl.app.cli import main
+from searchrl.core.stats import align, bootstrap_ci, paired_bootstrap
 
 
 def coin(n: int, p: float, seed: int) -> list[float]:

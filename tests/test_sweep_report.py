@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from searchrl.errors import ConfigError
-from searchrl.report import report, variant_of
-from searchrl.sweep import load_sweep, run_sweep
+from searchrl.app.report import report, variant_of
+from searchrl.app.sweep import load_sweep, run_sweep
+from searchrl.core.errors import ConfigError
 
 
 def write_sweep(tmp_path, world_dir, tiny_model_dir, extra=""):
@@ -84,7 +84,7 @@ def test_sweep_runs_resumes_records_failures_and_reports(tmp_path, world_dir, ti
 
 
 def test_token_axis_labels_are_compact():
-    from searchrl.report import compact_count
+    from searchrl.app.report import compact_count
 
     assert [compact_count(x) for x in (0, 950, 12_000, 120_000, 1_500_000)] == [
         "0",
@@ -96,7 +96,7 @@ def test_token_axis_labels_are_compact():
 
 
 def test_html_table_marks_header_cells():
-    from searchrl.report import html_table
+    from searchrl.app.report import html_table
 
     md = "| variant | em |\n|---|---|\n| grpo | 0.3 ± 0.1 |"
     out = html_table(md)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.cli import main
+from searchrl.app.cli import main
 from searchrl.engine.checkpoint import has_weights
 from searchrl.engine.metrics import read_metrics
 

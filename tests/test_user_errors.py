@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.cli import main
-from searchrl.errors import SearchRLError
+from searchrl.app.cli import main
+from searchrl.core.errors import SearchRLError
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
@@ -155,11 +155,11 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_a_reward_that_returns_none_or_raises_is_named(monkeypatch):
     import types
 
-    from searchrl.config import RewardSpec
+    from searchrl.core.config import RewardSpec
+    from searchrl.core.errors import SearchRLError
+    from searchrl.core.types import Segment, Trajectory
     from searchrl.data.example import Example
-    from searchrl.errors import SearchRLError
     from searchrl.rewards.pipeline import RewardPipeline
-    from searchrl.types import Segment, Trajectory
 
     def boom(traj):
         raise KeyError("gold")
@@ -194,7 +194,7 @@ def test_one_key_value_parser_for_overrides_args_and_world_settings(tmp_path, ca
 
 def test_a_hub_id_is_passed_on_as_a_model(monkeypatch, tmp_path):
     """``--model org/name`` goes to transformers (GPU users with the hub); only local paths are checked."""
-    from searchrl.cli import _check_model_dir
+    from searchrl.app.evaluate import check_model_dir as _check_model_dir
 
     _check_model_dir("Qwen/Qwen2.5-0.5B-Instruct")
     monkeypatch.chdir(tmp_path)
@@ -308,8 +308,8 @@ def test_bad_answers_and_duplicate_documents(tmp_path, capsys, fixtures):
     )
     fails(capsys, ["index", "--corpus", str(dup), "--out", str(tmp_path / "i")], str(dup), "'d1'", "unique")
     assert not (tmp_path / "i" / "docs.arrow").exists()
+    from searchrl.core.errors import DataError
     from searchrl.data.corpus import load_corpus
-    from searchrl.errors import DataError
 
     with pytest.raises(DataError, match="'d1'"):
         load_corpus(dup)
@@ -332,8 +332,8 @@ def test_a_token_budget_shorter_than_the_prompt_is_refused(tmp_path, capsys, wor
 
 
 def test_a_bad_byte_is_reported_on_its_own_line(tmp_path):
+    from searchrl.core.errors import DataError
     from searchrl.data.example import read_jsonl
-    from searchrl.errors import DataError
 
     bad = tmp_path / "q.jsonl"
     bad.write_bytes(b'{"a": 1}\n' * 2000 + b'{"a": "caf\xe9"}\n')  # past the first 8 kB a text reader decodes

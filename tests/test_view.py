@@ -7,15 +7,15 @@ import json
 import pytest
 import torch
 
-from searchrl.cli import main
-from searchrl.config import SamplesConfig, TrainerConfig
+from searchrl.app.cli import main
+from searchrl.app.runtime import Runtime
+from searchrl.app.viewer.build import find, paired, view
+from searchrl.core.config import SamplesConfig, TrainerConfig
+from searchrl.core.errors import DataError
+from searchrl.core.stats import paired_bootstrap
 from searchrl.engine.samples import KINDS, read_samples, step_file
 from searchrl.engine.trainer import Trainer
-from searchrl.errors import DataError
 from searchrl.rewards import register_reward
-from searchrl.runtime import Runtime
-from searchrl.stats import paired_bootstrap
-from searchrl.viewer.build import find, paired, view
 
 from .helpers import eval_teacher
 
@@ -298,9 +298,9 @@ def test_the_viewer_shows_an_evaluation_on_a_dataset_file(tmp_path, fixtures, ti
 def test_groups_whose_rewards_differ_are_saved_first(tmp_path):
     from types import SimpleNamespace
 
+    from searchrl.core.masking import build_batch
+    from searchrl.core.types import Segment, Trajectory
     from searchrl.engine.samples import SampleRecorder
-    from searchrl.masking import build_batch
-    from searchrl.types import Segment, Trajectory
 
     rewards = {0: [1.0, 1.0], 1: [0.0, 1.0], 2: [0.0, 0.0], 3: [0.5, 0.0]}
     trajs = [

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.config import SamplesConfig, TrainerConfig
+from searchrl.app.runtime import Runtime
+from searchrl.app.viewer.build import view
+from searchrl.core.config import SamplesConfig, TrainerConfig
 from searchrl.engine.samples import KINDS, read_samples
 from searchrl.engine.trainer import Trainer
-from searchrl.runtime import Runtime
-from searchrl.viewer.build import view
 
 from .helpers import eval_teacher, tiny_overrides
 
@@ -57,7 +57,7 @@ def browser():
 def run_dir(tmp_path_factory, world_dir, tiny_model_dir):
     """A tiny GRPO run (2 steps, samples saved, one episode a step untrained) and a teacher
     evaluation of 30 questions in its directory, plus a second evaluation with some answers changed."""
-    from searchrl.experiment import load_experiment
+    from searchrl.app.experiment import load_experiment
 
     out = tmp_path_factory.mktemp("view_run")
     exp = load_experiment(None, [*tiny_overrides(world_dir, tiny_model_dir, out), "rollout.temperature=1.0"])

@@ -15,9 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from searchrl.answers import f1_score
-from searchrl.data.example import Hop
-from searchrl.rewards import RewardOutput, register_reward
+from searchrl import Hop, RewardOutput, f1_score, register_reward
 
 
 @register_reward("gold_hits", kind="process")

@@ -1,8 +1,120 @@
-"""searchrl: train and compare LLM search agents with RL and process supervision on one shared base."""
+"""searchrl: train and compare LLM search agents with RL and process supervision on one shared base.
 
+The package's layers, each a folder: ``app`` (command line, runs, evaluation, sweeps, reports, the viewer,
+servers) over ``engine`` (training loop, accelerate/DeepSpeed) over ``algorithms`` over ``rewards`` over
+``rollout`` over ``envs`` over ``models``, on ``core`` (config schema, types, tensor maths, statistics,
+answers, errors) and ``data``. What a user needs is importable from here, lazily, so ``import searchrl``
+stays light::
+
+    from searchrl import load_experiment, train, evaluate, register_reward, RewardOutput, Trajectory
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
 import logging as _logging
+import sys
+import warnings
+from typing import Any
 
 __version__ = "0.1.0"
+
+# the public API: name -> the module that defines it (imported on first use)
+_API = {
+    "load_experiment": "searchrl.app.experiment",
+    "Experiment": "searchrl.core.config",
+    "train": "searchrl.app.train",
+    "evaluate": "searchrl.app.evaluate",
+    "view": "searchrl.app.viewer.build",
+    "register_reward": "searchrl.rewards",
+    "RewardOutput": "searchrl.rewards",
+    "Trajectory": "searchrl.core.types",
+    "Segment": "searchrl.core.types",
+    "Step": "searchrl.core.types",
+    "Example": "searchrl.data.example",
+    "Hop": "searchrl.data.example",
+    "Doc": "searchrl.data.corpus",
+    "exact_match": "searchrl.core.answers",
+    "f1_score": "searchrl.core.answers",
+    "Trainer": "searchrl.engine.trainer",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        value = getattr(importlib.import_module(_API[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'searchrl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])
+
+
+# Modules that moved into the layer folders: the old paths, which the README and examples showed, still
+# import (the same module objects), with a DeprecationWarning naming the new path.
+MOVED = {
+    **{
+        m: f"searchrl.core.{m}"
+        for m in (
+            "config",
+            "loader",
+            "registry",
+            "types",
+            "functional",
+            "aggregate",
+            "stats",
+            "answers",
+            "errors",
+            "masking",
+            "serving",
+            "asgi",
+        )
+    },
+    **{
+        m: f"searchrl.app.{m}"
+        for m in (
+            "cli",
+            "plan",
+            "train",
+            "experiment",
+            "rundir",
+            "runtime",
+            "eval",
+            "sweep",
+            "report",
+            "plots",
+            "process_data",
+            "chat_server",
+        )
+    },
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``searchrl.OLD`` as the module it moved to."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        old = fullname.removeprefix("searchrl.")
+        if fullname.startswith("searchrl.") and old in MOVED:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        new = MOVED[spec.name.removeprefix("searchrl.")]
+        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module: Any) -> None:
+        pass  # the module it moved to is already executed
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
 
 
 def _not_cpu_fallback_notice(record: _logging.LogRecord) -> bool:

@@ -1,3 +1,3 @@
-from searchrl.cli import main
+from searchrl.app.cli import main
 
 main()

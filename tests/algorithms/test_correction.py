@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchrl.algorithms.correction import MODES, RolloutCorrection, correction_weights, effective_sample_size
-from searchrl.config import ConfigError, from_dict
+from searchrl.core.config import ConfigError, from_dict
 
 # two sequences; log ρ = old − behaviour. Row 0: ρ = (e^1, 1, e^−0.5) on 3 tokens; row 1: ρ = (e^0.1, e^0.1)
 OLD = torch.tensor([[0.0, -1.0, -2.0, -1.5, 0.0], [0.0, -0.4, -0.6, 0.0, 0.0]])
@@ -115,7 +115,7 @@ def test_the_weight_multiplies_the_clipped_loss_as_a_constant():
     """`batch_policy_loss` applies the micro-batch's ``is_weight`` to whichever policy loss is configured."""
     from types import SimpleNamespace
 
-    from searchrl.algorithms.losses import batch_policy_loss
+    from searchrl.algorithms.policy_losses import batch_policy_loss
 
     old = torch.tensor([[-1.1, -0.5, -1.0]])
     adv = torch.tensor([[1.0, -1.0, 2.0]])

@@ -7,15 +7,15 @@ import random
 import pytest
 import torch
 
-from searchrl.aggregate import Mean, Sum
 from searchrl.algorithms.dapo import DynamicSampling, dynamic_collect, informative, mask_truncated
 from searchrl.algorithms.grpo import GRPOConfig
-from searchrl.config import TrainerConfig
-from searchrl.errors import ConfigError
-from searchrl.masking import build_batch
+from searchrl.core.aggregate import Mean, Sum
+from searchrl.core.config import TrainerConfig
+from searchrl.core.errors import ConfigError
+from searchrl.core.masking import build_batch
+from searchrl.core.types import Segment, Trajectory
 from searchrl.rewards.outcome import overlong_penalty
 from searchrl.rollout.async_rollout import refusal
-from searchrl.types import Segment, Trajectory
 from tests.engine.test_trainer import trainer_for
 
 N_ITEMS = 40
@@ -136,7 +136,7 @@ def test_async_rollouts_refuse_dynamic_sampling():
 
 
 def test_every_variant_validates_and_a_bad_name_is_refused(make_exp):
-    from searchrl.experiment import check_arguments
+    from searchrl.app.experiment import check_arguments
 
     def checked(*overrides):  # what `searchrl validate` and every training command check
         exp = make_exp(*overrides)
@@ -165,7 +165,7 @@ def test_every_variant_validates_and_a_bad_name_is_refused(make_exp):
 
 
 def test_a_user_loss_by_dotted_path(make_exp):
-    from searchrl.experiment import check_arguments
+    from searchrl.app.experiment import check_arguments
 
     check_arguments(make_exp("algorithm.policy_loss=searchrl.algorithms.policy_losses:cispo"))
     with pytest.raises(ConfigError, match="no attribute"):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
 from searchrl.algorithms.grpo import GRPO, GRPOConfig
 from searchrl.algorithms.losses import clipped_policy_loss
-from searchrl.types import RolloutBatch
+from searchrl.core.types import RolloutBatch
 
 
 def test_group_advantage_hand_computed():
@@ -69,8 +69,8 @@ def test_log_ratio_is_held_to_20_before_the_exp():
 
 @pytest.mark.parametrize(("key", "value"), [("dual_clip", 1.0), ("kl_clamp", 0.0)])
 def test_stabilisers_are_checked_in_the_config(key, value):
-    from searchrl.config import from_dict
-    from searchrl.errors import ConfigError
+    from searchrl.core.config import from_dict
+    from searchrl.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=key):
         from_dict(GRPOConfig, {key: value}, "exp.yaml", "algorithm")
@@ -136,7 +136,7 @@ def test_broadcast_respects_mask():
 
 def test_sft_targets_actions_or_everything(tiny_model_dir):
     from searchrl.algorithms.sft import record_to_trajectory
-    from searchrl.masking import build_batch
+    from searchrl.core.masking import build_batch
     from searchrl.models import load_model_and_tokenizer
 
     _, tok = load_model_and_tokenizer(tiny_model_dir)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Context
 from searchrl.algorithms.ppo import PPO, AdaptiveKL, PPOConfig, clipped_value_loss
-from searchrl.types import RolloutBatch
+from searchrl.core.types import RolloutBatch
 
 
 def reference_gae(rewards, values, mask, gamma, lam):

@@ -10,9 +10,9 @@ import torch
 
 from searchrl.algorithms.dpo import dpo_loss
 from searchrl.algorithms.prm import prm_loss
+from searchrl.app.process_data import collect, step_pairs
 from searchrl.envs.search import SearchEnv
 from searchrl.models import load_model_and_tokenizer
-from searchrl.process_data import collect, step_pairs
 from searchrl.rollout.loop import encode
 from tests.helpers import ScriptedCandidates
 
@@ -168,7 +168,7 @@ class FixedScorer:
 
 
 def test_best_of_n_follows_the_highest_prm_score(one_hop, world_bm25, tiny_model_dir):
-    from searchrl.eval import run_best_of_n
+    from searchrl.app.eval import run_best_of_n
 
     tok, ex = one_hop
     model, _ = load_model_and_tokenizer(tiny_model_dir)
@@ -223,10 +223,10 @@ def pair_records(small_world, n=8):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_dpo_trains_and_prefers_the_chosen_actions(make_exp, small_world, lora):
-    from searchrl.config import TrainerConfig
+    from searchrl.app.runtime import Runtime
+    from searchrl.core.config import TrainerConfig
     from searchrl.engine.metrics import read_metrics
     from searchrl.engine.trainer import Trainer
-    from searchrl.runtime import Runtime
 
     exp = make_exp(*(["model.lora={r: 4, alpha: 8}"] if lora else []))
     mini = 1 if lora else 2  # two mini-batches: pairs are shuffled as pairs
@@ -250,11 +250,11 @@ def test_dpo_trains_and_prefers_the_chosen_actions(make_exp, small_world, lora):
 
 
 def test_prm_trains_saves_and_scores(make_exp, small_world):
-    from searchrl.config import TrainerConfig
+    from searchrl.app.runtime import Runtime
+    from searchrl.core.config import TrainerConfig
     from searchrl.engine.metrics import read_metrics
     from searchrl.engine.trainer import Trainer
     from searchrl.rewards.prm import PRMScorer
-    from searchrl.runtime import Runtime
 
     exp = make_exp()
     cfg = TrainerConfig(steps=8, batch_size=4, micro_batch_size=8, lr=5e-3, save_every=8)

@@ -9,12 +9,12 @@ import pytest
 from searchrl.algorithms import requirements
 from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.preference import pair_split
-from searchrl.config import EnvConfig, TrainerConfig
+from searchrl.app.experiment import check_arguments, load_experiment
+from searchrl.core.config import EnvConfig, TrainerConfig
+from searchrl.core.errors import ConfigError
+from searchrl.core.masking import build_batch
+from searchrl.core.types import Segment, Trajectory
 from searchrl.engine.trainer import batch_shape
-from searchrl.errors import ConfigError
-from searchrl.experiment import check_arguments, load_experiment
-from searchrl.masking import build_batch
-from searchrl.types import Segment, Trajectory
 
 ENV = EnvConfig(max_turns=3)
 PAIRS = Requirements(samples_per_item=2, online=False, data="pairs", rows="pairs", old_logprobs=False)

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from searchrl.algorithms.base import Context
 from searchrl.algorithms.slate import SLATE, SLATEConfig, select, step_advantages, step_reward
+from searchrl.core.functional import token_logprobs, token_weights
+from searchrl.core.masking import build_batch
 from searchrl.envs.search import SearchEnv
-from searchrl.functional import token_logprobs, token_weights
-from searchrl.masking import build_batch
 from searchrl.models import load_model_and_tokenizer
 from searchrl.rewards.judges import JudgeScores
 from searchrl.rollout.generator import SamplingParams

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc, iter_corpus, load_corpus
 from searchrl.data.docstore import DocStore, write_docstore
 from searchrl.envs.retrievers.bm25 import BM25Retriever
-from searchrl.errors import DataError
 
 
 def _docs(n):
@@ -101,7 +101,7 @@ def test_index_saved_before_the_store_still_loads(tmp_path, fixtures):
 
 
 def test_searchrl_index_writes_the_store(tmp_path, fixtures):
-    from searchrl.cli import main
+    from searchrl.app.cli import main
     from searchrl.envs.retrievers import build_retriever
 
     main(["index", "--corpus", str(fixtures / "corpus.jsonl"), "--out", str(tmp_path / "bm25")])

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from searchrl.core.errors import DataError
 from searchrl.data import Example, keys_from_subquestion, load_corpus, load_examples
-from searchrl.errors import DataError
 
 
 def test_corpus_formats(fixtures):

@@ -104,7 +104,7 @@ def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
 def trainer_config(steps: int = 3, lean: bool = True, packing: bool = False) -> Any:
     """Plain SGD without clipping, so that the update is the gradient itself and a wrong gradient shows
     in the weights (Adam's first step would hide its scale)."""
-    from searchrl.config import TrainerConfig
+    from searchrl.core.config import TrainerConfig
 
     return TrainerConfig(
         steps=steps,
@@ -146,9 +146,9 @@ def records(rt: Any, case: str) -> list[dict[str, Any]] | None:
 
 
 def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: bool = False) -> Any:
+    from searchrl.app.experiment import load_experiment
+    from searchrl.app.runtime import Runtime
     from searchrl.engine.trainer import Trainer
-    from searchrl.experiment import load_experiment
-    from searchrl.runtime import Runtime
 
     exp = load_experiment(None, overrides(world, model, out, case))
     rt = Runtime(exp)
@@ -228,7 +228,7 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
         "gen_calls": seen["gen_calls"],
     }
     if case == "grpo":  # evaluation during training (uneven shards), a checkpoint, and a resume from it
-        from searchrl.train import make_evaluator
+        from searchrl.app.train import make_evaluator
 
         with eng.phase("evaluation", 1):
             result["eval"] = make_evaluator(rt, "dev", 7)(tr, 2)
@@ -265,7 +265,7 @@ REDUCE_REPORTS = {  # what each process reports: different keys, as rollouts wit
 
 
 def report_of(rank: int) -> dict[str, float]:
-    from searchrl.aggregate import Max, Mean, Sum
+    from searchrl.core.aggregate import Max, Mean, Sum
 
     kinds = {"mean": Mean, "sum": Sum, "max": Max, "plain": float}
     return {k: kinds[kind](*vals) for k, (kind, *vals) in REDUCE_REPORTS[rank].items()}

@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchrl.config import ConfigError, TrainerConfig
+from searchrl.app.runtime import Runtime
+from searchrl.core.config import ConfigError, TrainerConfig
 from searchrl.engine.metrics import read_metrics
 from searchrl.rollout.async_rollout import AsyncRollout, admissible
 from searchrl.rollout.generator import GENERATORS, SamplingParams
 from searchrl.rollout.loop import rollout
-from searchrl.runtime import Runtime
 from tests.engine.test_trainer import trainer_for
 
 
@@ -151,7 +151,7 @@ def test_long_episodes_are_not_starved(exp):
 
 
 def test_refused_where_the_worker_cannot_run(exp, tmp_path):
-    from searchrl.config import AsyncRolloutConfig
+    from searchrl.core.config import AsyncRolloutConfig
 
     cfg = TrainerConfig(steps=2, batch_size=2, async_rollout=AsyncRolloutConfig(max_staleness=1))
     with pytest.raises(ConfigError, match="collects step by step"):
@@ -161,7 +161,7 @@ def test_refused_where_the_worker_cannot_run(exp, tmp_path):
 
 
 def test_grpo_trains_asynchronously_end_to_end(exp, tmp_path):
-    from searchrl.config import AsyncRolloutConfig
+    from searchrl.core.config import AsyncRolloutConfig
 
     cfg = TrainerConfig(
         steps=3,
@@ -203,7 +203,7 @@ def test_rollout_without_a_stream_keeps_versions_empty(exp):
 
 def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monkeypatch):
     """Under a DeepSpeed launch, or with vLLM, the refusal comes at load time, not after the warm start."""
-    from searchrl.experiment import check_arguments
+    from searchrl.app.experiment import check_arguments
 
     exp = make_exp("trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}")
     check_arguments(exp)  # one process, HF: accepted

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from searchrl.config import TrainerConfig
+from searchrl.core.config import TrainerConfig
+from searchrl.core.errors import DataError
 from searchrl.engine.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -19,7 +20,6 @@ from searchrl.engine.checkpoint import (
     disk_errors,
     safetensors_problem,
 )
-from searchrl.errors import DataError
 
 
 def fake_checkpoint(root, step, truncate=False):

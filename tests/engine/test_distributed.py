@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from searchrl.aggregate import combine
+from searchrl.core.aggregate import combine
 from tests.engine import dist_e2e
 
 HERE = Path(__file__).resolve().parent

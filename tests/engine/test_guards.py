@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from searchrl.config import GuardConfig, GuardsConfig, TrainerConfig
+from searchrl.core.config import GuardConfig, GuardsConfig, TrainerConfig
 from searchrl.engine.engine import NonFiniteError
 from searchrl.engine.guards import Guards, GuardTrip
 from searchrl.engine.metrics import read_metrics

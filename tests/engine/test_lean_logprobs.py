@@ -6,8 +6,8 @@ tests/engine/test_distributed.py, case grpo-full-logits.)"""
 import pytest
 import torch
 
-from searchrl.config import TrainerConfig
-from searchrl.functional import token_entropy, token_logprobs
+from searchrl.core.config import TrainerConfig
+from searchrl.core.functional import token_entropy, token_logprobs
 from searchrl.models.lean_head import add_lean_head
 from searchrl.models.policy import PolicyWithValue, forward, forward_lean
 
@@ -146,8 +146,8 @@ def test_sampled_softmax_estimates_the_normaliser_without_bias():
 
 
 def test_sft_with_a_sampled_softmax_lowers_the_exact_loss(make_exp, small_world):
+    from searchrl.app.runtime import Runtime
     from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
-    from searchrl.runtime import Runtime
     from tests.engine.test_trainer import trainer_for
 
     exp = make_exp()
@@ -155,7 +155,7 @@ def test_sft_with_a_sampled_softmax_lowers_the_exact_loss(make_exp, small_world)
     recs = teacher_records(rt.env(), small_world, small_world.examples("train")[:32], TeacherConfig())
     cfg = TrainerConfig(steps=6, batch_size=8, micro_batch_size=8, lr=3e-3, save_every=100)
     tr = trainer_for(exp, "sft", cfg, records=recs, args={"sampled_softmax": 64})
-    from searchrl.masking import build_batch
+    from searchrl.core.masking import build_batch
 
     batch = build_batch(tr.algo.trajs[:8], tr.tokenizer.pad_token_id)
 

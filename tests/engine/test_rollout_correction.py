@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from searchrl.config import TrainerConfig
+from searchrl.core.config import TrainerConfig
 from tests.engine.test_trainer import state, trainer_for
 
 SHIFT = 0.1  # the sampler reports log μ = log π + 0.1 on every action token: log ρ = −0.1
@@ -85,7 +85,7 @@ def test_ppo_takes_the_correction_on_its_policy_loss_only(exp, tmp_path):
 
 def test_offline_algorithms_refuse_the_key(exp):
     from searchrl.algorithms.sft import SFTConfig
-    from searchrl.config import ConfigError, from_dict
+    from searchrl.core.config import ConfigError, from_dict
 
     with pytest.raises(ConfigError, match="rollout_correction"):
         from_dict(SFTConfig, {"rollout_correction": {"mode": "token_tis"}}, key="algorithm")

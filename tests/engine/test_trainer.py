@@ -8,13 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from searchrl.config import TrainerConfig
+from searchrl.app.runtime import Runtime
+from searchrl.core.config import TrainerConfig
 from searchrl.engine.engine import NonFiniteError
 from searchrl.engine.metrics import progress_fields, read_metrics
 from searchrl.engine.trainer import Schedule, Trainer, make_optimizer
 from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
 from searchrl.rewards import register_reward
-from searchrl.runtime import Runtime
 
 
 @register_reward("test_trainer_length")
@@ -318,7 +318,7 @@ def test_a_failing_judge_endpoint_stops_the_run_naming_it(make_exp, monkeypatch)
     import threading
     from http.server import ThreadingHTTPServer
 
-    from searchrl.serving import ServiceFailure
+    from searchrl.core.serving import ServiceFailure
     from tests.helpers import JSONHandler
 
     class Refuses(JSONHandler):
@@ -353,7 +353,7 @@ def test_a_failing_judge_endpoint_stops_the_run_naming_it(make_exp, monkeypatch)
 
 
 def test_service_failure_rates_and_the_progress_bar():
-    from searchrl.serving import (
+    from searchrl.core.serving import (
         COUNTERS,
         FailureCounter,
         ServiceFailure,

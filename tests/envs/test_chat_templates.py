@@ -3,9 +3,9 @@ turn opened, and the whole episode inside that one assistant turn."""
 
 import pytest
 
+from searchrl.core.errors import ConfigError
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.tags import RESEARCH_SYSTEM, TEMPLATES
-from searchrl.errors import ConfigError
 
 
 def chat_of(tok):
@@ -49,7 +49,7 @@ def test_an_episode_stays_in_one_assistant_turn(qwen_tok, world_bm25, small_worl
 def test_a_chat_template_needs_a_tokenizer_that_has_one(make_exp, world_bm25):
     with pytest.raises(ValueError, match="chat template"):
         SearchEnv(world_bm25, template="research_instruct")
-    from searchrl.runtime import Runtime
+    from searchrl.app.runtime import Runtime
 
     exp = make_exp("env.template=research_instruct", "model.path=null")
     with pytest.raises(ConfigError, match="the local tokenizer has none"):

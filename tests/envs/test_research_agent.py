@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from searchrl.core.errors import ConfigError
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.summarize import NO_ANSWER, ExtractiveSummarizer
-from searchrl.errors import ConfigError
 from searchrl.rollout.chat import LLMSummarizer
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import encode, rollout
@@ -103,8 +103,8 @@ def test_the_rollout_loop_restarts_each_turn_from_the_rendered_state(tiny_model_
 
 
 def test_process_data_of_the_research_agent_is_one_record_per_step(tiny_model_dir, make_exp):
+    from searchrl.app.process_data import collect
     from searchrl.models import load_model_and_tokenizer
-    from searchrl.process_data import collect
 
     _, tok = load_model_and_tokenizer(tiny_model_dir)
     env = SearchEnv(OneDoc(), template="short", topk=1, max_turns=3, agent="research")
@@ -116,7 +116,7 @@ def test_process_data_of_the_research_agent_is_one_record_per_step(tiny_model_di
     def annotate(items):  # the executed candidates score 1, the others -1
         return [1.0 if it.action in (good, right) else -1.0 for it in items]
 
-    import searchrl.process_data as pd
+    import searchrl.app.process_data as pd
 
     exp = make_exp("process_data={n: 2, chosen_min: 1.0, rejected_max: -1.0}")
     rt = SimpleNamespace(exp=exp, env=lambda: env, examples=lambda split: [ex])
@@ -142,7 +142,7 @@ def test_process_data_of_the_research_agent_is_one_record_per_step(tiny_model_di
 
 
 def test_online_algorithms_refuse_the_research_agent_but_collection_accepts_it():
-    from searchrl.experiment import check_arguments, load_experiment
+    from searchrl.app.experiment import check_arguments, load_experiment
 
     exp = load_experiment(None, ["env.agent=research", "algorithm={name: grpo}"])
     with pytest.raises(ConfigError, match="key 'env.agent'") as e:
@@ -203,7 +203,7 @@ def test_teacher_records_for_the_research_agent_are_the_states_it_sees(small_wor
 def test_the_llm_summarizer_counts_failed_requests():
     import socket
 
-    from searchrl.serving import service_metrics
+    from searchrl.core.serving import service_metrics
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,9 +1,9 @@
 import random
 
-from searchrl.answers import exact_match
+from searchrl.app.eval import episode_metrics
+from searchrl.core.answers import exact_match
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.teacher import TeacherConfig, run_teacher, teacher_records, vague_query
-from searchrl.eval import episode_metrics
 
 
 def test_clean_teacher_reaches_em_095_on_test_with_bm25(world_bm25, small_world):

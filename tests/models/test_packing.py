@@ -4,8 +4,8 @@ log-probs, values and gradients, on the tiny Qwen2 model, under LoRA, and throug
 import pytest
 import torch
 
-from searchrl.config import TrainerConfig
-from searchrl.functional import token_logprobs
+from searchrl.core.config import TrainerConfig
+from searchrl.core.functional import token_logprobs
 from searchrl.models.lean_head import add_lean_head
 from searchrl.models.packing import pack, padding_fraction
 from searchrl.models.policy import PolicyWithValue, forward, forward_lean

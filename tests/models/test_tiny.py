@@ -29,9 +29,9 @@ def test_forward_and_generate(tiny_model_dir):
 
 
 def test_small_size_parameter_count(tmp_path, small_world, world_bm25):
+    from searchrl.app.runtime import tokenizer_texts
     from searchrl.envs.search import SearchEnv
     from searchrl.models.tiny import build_local_model
-    from searchrl.runtime import tokenizer_texts
 
     texts = tokenizer_texts(small_world, SearchEnv(world_bm25, template="short"), teacher_examples=20)
     path = build_local_model("small", texts, tmp_path, seed=0, tags=ALL_TAG_STRINGS)

@@ -6,13 +6,13 @@ import threading
 
 import pytest
 
-from searchrl.chat_server import make_chat_server
+from searchrl.app.chat_server import make_chat_server
+from searchrl.core.serving import ServiceError, post_json
 from searchrl.envs.search import SearchEnv
 from searchrl.models import load_model_and_tokenizer
 from searchrl.rewards.judges import JudgeItem
 from searchrl.rewards.llm_judge import LLMJudge, parse_score
 from searchrl.rollout.chat import LocalChat
-from searchrl.serving import ServiceError, post_json
 from tests.helpers import JSONHandler
 
 

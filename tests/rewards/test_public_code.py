@@ -13,11 +13,11 @@ import random
 
 import pytest
 
+from searchrl.core.types import Segment, Step, Trajectory
 from searchrl.envs.search import SearchEnv
 from searchrl.rewards.outcome import search_r1_format_reward
 from searchrl.rewards.research import cut_at_stop, research_reward
 from searchrl.rewards.stepsearch import search_keys_public, split_documents, stepsearch_reward
-from searchrl.types import Segment, Step, Trajectory
 from tests.rewards import public_reference as ref
 
 WORDS = ["alpha", "beta", "where", "born", "the", "who", "city", "of", "film", "director"]
@@ -225,7 +225,7 @@ def test_public_documents_carry_the_next_label():
 
 
 def test_paper_f1_has_no_yes_no_rule():
-    from searchrl.answers import f1_score, plain_f1
+    from searchrl.core.answers import f1_score, plain_f1
 
     assert plain_f1("yes queen", ["yes"]) == pytest.approx(2 / 3)  # StepSearch eq. 2
     assert f1_score("yes queen", ["yes"]) == 0.0  # HotpotQA's rule (evaluation, ReSearch)

@@ -1,12 +1,12 @@
 import pytest
 
-from searchrl.config import RewardSpec
+from searchrl.core.config import RewardSpec
+from searchrl.core.types import Segment, Trajectory
 from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
 from searchrl.rewards import REWARDS, RewardOutput, register_reward
 from searchrl.rewards.pipeline import RewardPipeline
 from searchrl.rewards.research import research_format_ok, research_reward
-from searchrl.types import Segment, Trajectory
 
 EX = Example(id="q", question="Who?", answers=("Ann Lee",))
 

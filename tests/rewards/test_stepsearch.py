@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from searchrl.core.types import Segment, Step, Trajectory
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example, Hop
 from searchrl.envs.search import EnvState, StepInfo
@@ -14,7 +15,6 @@ from searchrl.rewards.stepsearch import (
     search_key_reward,
     stepsearch_reward,
 )
-from searchrl.types import Segment, Step, Trajectory
 
 G1, G2 = Doc("g1", "Alpha", "alpha beta"), Doc("g2", "Gamma", "gamma delta")
 U, HALF = Doc("u", "Other", "omega"), Doc("h", "Alpha", "alpha zeta")

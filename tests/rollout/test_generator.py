@@ -36,7 +36,7 @@ def test_greedy_matches_hf_generate_with_left_padding(model_tok):
 
 
 def test_logprobs_equal_a_recompute(model_tok):
-    from searchrl.functional import token_logprobs
+    from searchrl.core.functional import token_logprobs
 
     model, tok = model_tok
     torch.manual_seed(0)

@@ -17,9 +17,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from searchrl.core.functional import token_logprobs
+from searchrl.core.masking import build_batch
 from searchrl.envs.search import SearchEnv
-from searchrl.functional import token_logprobs
-from searchrl.masking import build_batch
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator, TextStop
 from searchrl.rollout.loop import rollout

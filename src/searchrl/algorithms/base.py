@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
-from searchrl.types import RolloutBatch, Trajectory
+from searchrl.core.types import RolloutBatch, Trajectory
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
     from searchrl.data.example import Example
     from searchrl.envs.search import SearchEnv
     from searchrl.rewards.pipeline import RewardPipeline
@@ -135,7 +135,7 @@ class Algorithm(ABC):
 
     def kl_estimate(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
         """Per-token KL(π‖π_ref) with the config's ``kl_estimator`` and optional ``kl_clamp``."""
-        from searchrl.functional import kl_penalty
+        from searchrl.core.functional import kl_penalty
 
         return kl_penalty(logp, ref_logp, self.cfg.kl_estimator, self.cfg.kl_clamp)
 

@@ -18,8 +18,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from searchrl.aggregate import Mean, Sum, merge
-from searchrl.types import Trajectory
+from searchrl.core.aggregate import Mean, Sum, merge
+from searchrl.core.types import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 
 from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
-from searchrl.types import RolloutBatch
+from searchrl.core.types import RolloutBatch
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 
 @dataclass(frozen=True)

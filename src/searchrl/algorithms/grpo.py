@@ -14,16 +14,17 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
-from searchrl.aggregate import Mean, Sum
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
 from searchrl.algorithms.correction import RolloutCorrection
 from searchrl.algorithms.dapo import DynamicSampling, dynamic_collect, mask_truncated
 from searchrl.algorithms.estimators import AdvantageInput
-from searchrl.algorithms.losses import batch_policy_loss, check_clip, check_policy_loss, check_stabilisers
-from searchrl.types import RolloutBatch, Trajectory
+from searchrl.algorithms.losses import check_clip, check_stabilisers
+from searchrl.algorithms.policy_losses import batch_policy_loss, check_policy_loss
+from searchrl.core.aggregate import Mean, Sum
+from searchrl.core.types import RolloutBatch, Trajectory
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 
 @dataclass(frozen=True)

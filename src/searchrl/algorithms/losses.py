@@ -5,12 +5,12 @@ The trainer aggregates them with `functional.token_weights`, so every loss here 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from searchrl.types import RolloutBatch
+    pass
 
 
 def check_clip(clip_low: float, clip_high: float) -> None:
@@ -82,34 +82,6 @@ def clipped_surrogate(
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
     return loss, (clipped < unclipped).float().detach().expand_as(loss)
-
-
-def batch_policy_loss(
-    cfg: Any, logp: torch.Tensor, mb: RolloutBatch
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The config's policy loss (``policy_loss``, `algorithms.policy_losses`; the clipped ratio by default)
-    of a micro-batch: π_old and advantages from its extras, times the sampler-trainer correction weight w_t
-    of the decoupled objective (`algorithms.correction`) when there is one (GRPO, SLATE, PPO, StePPO)."""
-    from searchrl.algorithms import POLICY_LOSSES
-
-    fn = POLICY_LOSSES.get(getattr(cfg, "policy_loss", "clip"))
-    loss, metrics = fn(logp, mb.extras["old_logp"], mb.extras["advantages"], mb.loss_mask, cfg)
-    weight = mb.extras.get("is_weight")
-    if weight is not None:
-        loss = loss * weight.detach()
-    return loss, metrics
-
-
-def check_policy_loss(policy_loss: str, loss_agg: str) -> None:
-    """A sequence-level loss (GSPO, GMPO) is one number per sequence: its paper's objective is the mean over
-    sequences, so the aggregation must be ``seq-mean-token-mean``."""
-    from searchrl.algorithms.policy_losses import SEQUENCE_LEVEL
-
-    if policy_loss in SEQUENCE_LEVEL and loss_agg != "seq-mean-token-mean":
-        raise ValueError(
-            f"policy_loss '{policy_loss}' is a per-sequence objective (the mean over sequences); set "
-            f"loss_agg: seq-mean-token-mean (got '{loss_agg}', which would weight each sequence by its length)"
-        )
 
 
 def nll_loss(logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -13,11 +13,14 @@ log space (ρ ∈ [e^−0.4, e^0.4]); MiniMax-M1's CISPO bounds only the upper s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from searchrl.algorithms.losses import clipped_policy_loss, clipped_surrogate, log_ratio
+
+if TYPE_CHECKING:
+    from searchrl.core.types import RolloutBatch
 
 Metrics = dict[str, torch.Tensor]
 
@@ -106,3 +109,29 @@ def gmpo(
         metrics = {"clip_frac": clipped, "approx_kl": 0.5 * lr.detach() ** 2}
         metrics["ratio"] = ratio.detach().expand_as(loss)
     return loss, metrics
+
+
+def batch_policy_loss(
+    cfg: Any, logp: torch.Tensor, mb: RolloutBatch
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The config's policy loss (``policy_loss``, `algorithms.policy_losses`; the clipped ratio by default)
+    of a micro-batch: π_old and advantages from its extras, times the sampler-trainer correction weight w_t
+    of the decoupled objective (`algorithms.correction`) when there is one (GRPO, SLATE, PPO, StePPO)."""
+    from searchrl.algorithms import POLICY_LOSSES
+
+    fn = POLICY_LOSSES.get(getattr(cfg, "policy_loss", "clip"))
+    loss, metrics = fn(logp, mb.extras["old_logp"], mb.extras["advantages"], mb.loss_mask, cfg)
+    weight = mb.extras.get("is_weight")
+    if weight is not None:
+        loss = loss * weight.detach()
+    return loss, metrics
+
+
+def check_policy_loss(policy_loss: str, loss_agg: str) -> None:
+    """A sequence-level loss (GSPO, GMPO) is one number per sequence: its paper's objective is the mean over
+    sequences, so the aggregation must be ``seq-mean-token-mean``."""
+    if policy_loss in SEQUENCE_LEVEL and loss_agg != "seq-mean-token-mean":
+        raise ValueError(
+            f"policy_loss '{policy_loss}' is a per-sequence objective (the mean over sequences); set "
+            f"loss_agg: seq-mean-token-mean (got '{loss_agg}', which would weight each sequence by its length)"
+        )

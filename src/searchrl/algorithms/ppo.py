@@ -28,11 +28,12 @@ import torch
 from searchrl.algorithms.advantages import gae, token_rewards
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size, head_param_groups
 from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.algorithms.losses import batch_policy_loss, check_clip, check_policy_loss, check_stabilisers
-from searchrl.types import RolloutBatch
+from searchrl.algorithms.losses import check_clip, check_stabilisers
+from searchrl.algorithms.policy_losses import batch_policy_loss, check_policy_loss
+from searchrl.core.types import RolloutBatch
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ import torch
 
 from searchrl.algorithms.base import Algorithm, Requirements
 from searchrl.algorithms.sft import record_to_trajectory
+from searchrl.core.types import RolloutBatch, Segment, Step, Trajectory
 from searchrl.rollout.loop import encode
-from searchrl.types import RolloutBatch, Segment, Step, Trajectory
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 
 def action_row(rec: dict[str, Any], action: str, tokenizer: Any, chosen: bool, pair: int) -> Trajectory:

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 
 from searchrl.algorithms.base import Requirements, head_param_groups
 from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
-from searchrl.types import RolloutBatch, Segment, Trajectory
+from searchrl.core.types import RolloutBatch, Segment, Trajectory
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from searchrl.aggregate import Sum
 from searchrl.algorithms.base import Algorithm, Requirements
 from searchrl.algorithms.losses import nll_loss
+from searchrl.core.aggregate import Sum
+from searchrl.core.types import RolloutBatch, Segment, Step, Trajectory
 from searchrl.rollout.loop import encode
-from searchrl.types import RolloutBatch, Segment, Step, Trajectory
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 
 @dataclass(frozen=True)

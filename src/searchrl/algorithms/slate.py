@@ -30,16 +30,16 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from searchrl.aggregate import Mean, Sum
 from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.grpo import GRPO, GroupPolicyConfig
+from searchrl.core.aggregate import Mean, Sum
+from searchrl.core.types import Segment, Step, Trajectory
 from searchrl.rewards.judges import JUDGES, JudgeItem, JudgeScores
 from searchrl.rollout.loop import RolloutStats, start_trajectories
 from searchrl.rollout.search import step_search
-from searchrl.types import Segment, Step, Trajectory
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class SLATE(GRPO):
             stats,
             max_steps=B,
         )
-        from searchrl.answers import exact_match
+        from searchrl.core.answers import exact_match
 
         n = len(prefixes)
         metrics = {

@@ -19,7 +19,7 @@ from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.ppo import PPO, PPOConfig
 
 if TYPE_CHECKING:
-    from searchrl.config import EnvConfig
+    from searchrl.core.config import EnvConfig
 
 
 class StePPO(PPO):

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchrl.core.errors import DataError
 from searchrl.data.example import read_json, read_jsonl
-from searchrl.errors import DataError
 
 
 @dataclass(frozen=True)

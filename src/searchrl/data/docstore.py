@@ -18,8 +18,8 @@ from typing import Any, overload
 
 import numpy as np
 
+from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc
-from searchrl.errors import DataError
 
 FILE = "docs.arrow"  # the store's file name inside an index directory
 _COLUMNS = ("id", "title", "text")

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import DataError, read_text
+from searchrl.core.errors import DataError, read_text
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example, Hop, read_json, read_jsonl
-from searchrl.errors import DataError
 
 _STOP = set(
     [

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from searchrl.core.errors import SearchRLError
 from searchrl.engine.engine import Engine
-from searchrl.errors import SearchRLError
 from searchrl.models.policy import is_peft, lm_of
 
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from searchrl.aggregate import Report, finish, flatten, kind_of, layout
-from searchrl.errors import SearchRLError
+from searchrl.core.aggregate import Report, finish, flatten, kind_of, layout
+from searchrl.core.errors import SearchRLError
 
 # Deprecations inside our dependencies, nothing a user can act on: trl's generation helper reads a property
 # transformers 5 renamed; DeepSpeed ZeRO-3 calls torch.distributed collectives torch 2.13 renamed (every step)
@@ -295,7 +295,7 @@ class Engine:
         )
 
     def reduce_metrics(self, local: Report) -> dict[str, float]:
-        """Every process's metrics combined (`searchrl.aggregate`): the same values on every process, equal
+        """Every process's metrics combined (`searchrl.core.aggregate`): the same values on every process, equal
         to what one process would compute from the union of the data. Processes may report different keys:
         the key set is agreed first, then one flat tensor of sums and one of maxima are reduced, so the
         collectives are the same three whatever each process reported."""

@@ -14,10 +14,10 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from searchrl.errors import SearchRLError
+from searchrl.core.errors import SearchRLError
 
 if TYPE_CHECKING:
-    from searchrl.config import GuardConfig
+    from searchrl.core.config import GuardConfig
 
 # monitor names -> the metrics.jsonl keys they watch
 MONITORS = {

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import SearchRLError
+from searchrl.core.errors import SearchRLError
 
 
 class MetricsSink:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from searchrl.types import RolloutBatch, Trajectory
+from searchrl.core.types import RolloutBatch, Trajectory
 
 ROW_KEY = "sample_row"
 KINDS = {"prompt": 0, "action": 1, "observation": 2}  # token kinds as saved (`kinds`)

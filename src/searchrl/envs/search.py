@@ -13,12 +13,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from searchrl.core.errors import DataError
+from searchrl.core.types import EnvState, StepInfo
 from searchrl.data.corpus import DOC_FORMATS, Doc, format_docs
 from searchrl.data.example import Example
 from searchrl.envs.retrievers.base import Retriever
 from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES, ChatTemplate, TagSet
-from searchrl.errors import DataError
-from searchrl.types import EnvState, StepInfo
 
 INVALID_FEEDBACK = (
     "\nMy previous action is invalid. If I want to search, I should put the query between {so} and {sc}. "

@@ -18,10 +18,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from searchrl.answers import normalize_answer
+from searchrl.core.answers import normalize_answer
+from searchrl.core.errors import DataError
+from searchrl.core.registry import Registry
 from searchrl.data.corpus import Doc
-from searchrl.errors import DataError
-from searchrl.registry import Registry
 
 SummaryItem = tuple[str, str, Sequence[Doc]]  # (question, query, documents)
 SUMMARIZERS: Registry[Callable[..., Any]] = Registry("summarizer")

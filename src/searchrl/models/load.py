@@ -7,7 +7,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import DataError
+from searchrl.core.errors import DataError
 
 
 @contextmanager

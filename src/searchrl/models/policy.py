@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from searchrl.config import LoraConfig
+from searchrl.core.config import LoraConfig
 from searchrl.models.lean_head import add_lean_head
 from searchrl.models.load import load_model_and_tokenizer
 

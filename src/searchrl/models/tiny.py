@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from searchrl.errors import DataError
+from searchrl.core.errors import DataError
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")

@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from searchrl.answers import exact_match, f1_score, normalize_answer
+from searchrl.core.answers import exact_match, f1_score, normalize_answer
+from searchrl.core.registry import Registry
 from searchrl.data.corpus import Doc
 from searchrl.envs.search import EnvState, StepInfo
-from searchrl.registry import Registry
 
 JUDGES: Registry[Callable[..., Any]] = Registry("judge")
 JUDGES.add_lazy("llm", "searchrl.rewards.llm_judge:LLMJudge")

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from searchrl.answers import exact_match, f1_score
+from searchrl.core.answers import exact_match, f1_score
 from searchrl.rewards.registry import RewardOutput
 
 
@@ -82,7 +82,7 @@ def search_r1_format_reward(
     the answer is the last of at least two answer blocks of prompt + response (Search-R1's prompt holds an
     example ``<answer> Beijing </answer>``, so a prompt without one needs two answers in the response).
     """
-    from searchrl.answers import normalize_answer
+    from searchrl.core.answers import normalize_answer
     from searchrl.rewards.research import response_text
 
     golds = [normalize_answer(a) for a in answers]

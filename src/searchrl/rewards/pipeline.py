@@ -7,11 +7,11 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from searchrl.aggregate import Mean
-from searchrl.config import RewardSpec
-from searchrl.errors import DataError
+from searchrl.core.aggregate import Mean
+from searchrl.core.config import RewardSpec
+from searchrl.core.errors import DataError
+from searchrl.core.types import Trajectory
 from searchrl.rewards.registry import PROVIDED, REWARDS, RewardOutput, reward_kind
-from searchrl.types import Trajectory
 
 
 def wanted(fn: Any) -> tuple[str, ...]:

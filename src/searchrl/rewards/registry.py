@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchrl.registry import Registry
+from searchrl.core.registry import Registry
 
 REWARDS: Registry[Callable[..., Any]] = Registry("reward")
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from searchrl.answers import f1_score
+from searchrl.core.answers import f1_score
 from searchrl.rewards.registry import RewardOutput
 
 _TAG = re.compile(r"</?(think|search|result|information|answer)>")

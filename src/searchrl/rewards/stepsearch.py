@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from searchrl.answers import normalize_answer, plain_f1, word_f1
+from searchrl.core.answers import normalize_answer, plain_f1, word_f1
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Hop
 from searchrl.rewards.registry import RewardOutput
@@ -318,24 +318,7 @@ def stepsearch_public(
     gold = [
         normalize_answer(g) for g in (gold_texts(hops, example, docs, with_title=False) if rounds else [])
     ]
-    gains, penalties = [], []
-    seen_by_text: set[str] = set()
-    best = [0.0] * len(gold)
-    for round_docs in rounds:
-        if gold:
-            current = [0.0] * len(gold)
-            for d in round_docs:
-                for i, c in enumerate(pairwise_tfidf_cosines(normalize_answer(d), gold)):
-                    current[i] = max(current[i], c)
-            gains.append(sum(max(c - b, 0.0) for c, b in zip(current, best)) / len(gold))
-            best = [max(c, b) for c, b in zip(current, best)]
-        penalty = 0.0
-        for d in round_docs:
-            if d in seen_by_text:
-                penalty += 1 / len(round_docs)
-            else:
-                seen_by_text.add(d)
-        penalties.append(penalty)
+    gains, penalties = _public_rounds(rounds, gold)
     step_values = [
         (g if information_gain else 0.0) - (p if redundancy_penalty else 0.0)
         for g, p in zip(gains, penalties)
@@ -364,6 +347,31 @@ def stepsearch_public(
         searches=float(len(rounds)),
     )
     return RewardOutput(score, tuple(step_scores), metrics=metrics)
+
+
+def _public_rounds(rounds: list[list[str]], gold: list[str]) -> tuple[list[float], list[float]]:
+    """The public code's information gain and redundancy penalty of each search round (its documents' cut-out,
+    normalised texts against the gold documents'): the mean over gold documents of the best TF-IDF cosine's
+    rise, and 1/k for each document whose text was seen before, earlier in the round included."""
+    gains, penalties = [], []
+    seen_by_text: set[str] = set()
+    best = [0.0] * len(gold)
+    for round_docs in rounds:
+        if gold:
+            current = [0.0] * len(gold)
+            for d in round_docs:
+                for i, c in enumerate(pairwise_tfidf_cosines(normalize_answer(d), gold)):
+                    current[i] = max(current[i], c)
+            gains.append(sum(max(c - b, 0.0) for c, b in zip(current, best)) / len(gold))
+            best = [max(c, b) for c, b in zip(current, best)]
+        penalty = 0.0
+        for d in round_docs:
+            if d in seen_by_text:
+                penalty += 1 / len(round_docs)
+            else:
+                seen_by_text.add(d)
+        penalties.append(penalty)
+    return gains, penalties
 
 
 def _step_at(traj: Any, char_end: int) -> int | None:

@@ -16,10 +16,10 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
+from searchrl.core.types import Trajectory
 from searchrl.envs.search import SearchEnv
+from searchrl.rollout.episode import RolloutStats, finish, ready, step_env
 from searchrl.rollout.generator import Generation, SamplingParams
-from searchrl.rollout.loop import RolloutStats, finish, ready, step_env
-from searchrl.types import Trajectory
 
 WINDOW = 4  # decode steps an action that has ended may wait for others to share its retrieval batch
 

@@ -34,13 +34,13 @@ from typing import Any, cast
 
 import torch
 
-from searchrl.aggregate import Max, Mean
+from searchrl.core.aggregate import Max, Mean
+from searchrl.core.types import Trajectory
 from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
 from searchrl.rollout.agent_loop import WINDOW
 from searchrl.rollout.generator import Generation, SamplingParams
 from searchrl.rollout.loop import RolloutStats, finish, ready, start_trajectories, step_env
-from searchrl.types import Trajectory
 
 
 def refusal(

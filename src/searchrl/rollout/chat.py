@@ -1,6 +1,6 @@
 """Chat models for judges and summarizers: a local Hugging Face model through `HFGenerator` (`LocalChat`), or
 any OpenAI-compatible server (`OpenAIChatClient`), behind one batched client (`chat_client`); and RAG-Gym's
-LLM summarizer built on them (`searchrl serve-model` serves a `LocalChat`, see `searchrl.chat_server`).
+LLM summarizer built on them (`searchrl serve-model` serves a `LocalChat`, see `searchrl.app.chat_server`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from searchrl.core.errors import DataError
+from searchrl.core.serving import FailureCounter, ServiceError, post_json, redact
 from searchrl.envs.summarize import NO_ANSWER, SUMMARY_PROMPT, SummaryItem
-from searchrl.errors import DataError
-from searchrl.serving import FailureCounter, ServiceError, post_json, redact
 
 Messages = list[dict[str, str]]
 

@@ -14,14 +14,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from searchrl.rollout.generator import Generation, SamplingParams
-
-if TYPE_CHECKING:
-    from searchrl.rollout.hf import HFGenerator
 
 
 @dataclass
@@ -40,7 +37,7 @@ class HFStream:
     running row (admitting queued requests first, up to the generator's ``batch_size`` rows) and returns the
     requests that finished at that token."""
 
-    def __init__(self, gen: HFGenerator, model: Any, params: SamplingParams) -> None:
+    def __init__(self, gen: Any, model: Any, params: SamplingParams) -> None:  # gen: an `HFGenerator`
         self.gen, self.model, self.params = gen, model, params
         self.queue: deque[_Request] = deque()
         self.rows: list[_Request] = []  # batch row -> request
@@ -62,7 +59,7 @@ class HFStream:
         self._admit()
         if not self.rows:
             return []
-        from searchrl.rollout.hf import cache_kwargs, output_cache, sample
+        from searchrl.rollout.decoding import cache_kwargs, output_cache, sample
 
         assert self.logits is not None and self.mask is not None and self.pos is not None
         tok, tok_logp = sample(self.logits, self.params)
@@ -107,7 +104,7 @@ class HFStream:
 
     # ------------------------------------------------------------------------------------- internals
     def _admit(self) -> None:
-        from searchrl.rollout.hf import output_cache
+        from searchrl.rollout.decoding import output_cache
 
         room = self.gen.batch_size - len(self.rows)
         if not self.queue or room <= 0:

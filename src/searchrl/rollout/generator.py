@@ -6,7 +6,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from searchrl.registry import Registry
+from searchrl.core.registry import Registry
 
 
 @dataclass(frozen=True)

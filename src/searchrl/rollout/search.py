@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from searchrl.core.types import Trajectory
 from searchrl.rollout.loop import RolloutStats, expand
-from searchrl.types import Trajectory
 
 # score([(prefix, candidate), ...]) -> one score per candidate, in order
 Scorer = Callable[[list[tuple[Trajectory, Trajectory]]], Sequence[Any]]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from searchrl.errors import SearchRLError
+from searchrl.core.errors import SearchRLError
 from searchrl.rollout.generator import Generation, SamplingParams, split_stops
 
 

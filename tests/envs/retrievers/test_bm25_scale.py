@@ -54,7 +54,7 @@ def test_tantivy_save_load_with_the_document_store(tmp_path, corpus):
 
 
 def test_searchrl_index_builds_tantivy(tmp_path, fixtures, corpus):
-    from searchrl.cli import main
+    from searchrl.app.cli import main
 
     main(
         [

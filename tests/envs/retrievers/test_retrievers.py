@@ -174,8 +174,8 @@ def test_pq_index_with_rerank_matches_flat_from_memory_mapped_embeddings(tmp_pat
     embeddings gives Flat's top 3 on the world's own questions."""
     import numpy as np
 
+    from searchrl.core.errors import DataError
     from searchrl.envs.retrievers.dense import DenseRetriever
-    from searchrl.errors import DataError
 
     pq = DenseRetriever(world_docs, embeddings=dense_flat.embeddings, index_type="IVF4,PQ48x4", nprobe=4)
     pq.save(tmp_path / "pq")
@@ -215,9 +215,9 @@ def test_dense_index_errors_and_old_format(tmp_path, fixtures, world_docs, dense
 
     import numpy as np
 
-    from searchrl.cli import main
+    from searchrl.app.cli import main
+    from searchrl.core.errors import DataError
     from searchrl.envs.retrievers.dense import DenseRetriever
-    from searchrl.errors import DataError
 
     with pytest.raises(DataError, match="cannot build index type 'IVF4,PQ7'.*PQ m must divide"):
         DenseRetriever(world_docs, embeddings=dense_flat.embeddings, index_type="IVF4,PQ7")  # 384 % 7 != 0

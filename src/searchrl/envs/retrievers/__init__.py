@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc, load_corpus
 from searchrl.envs.retrievers.base import RETRIEVERS, IndexedRetriever, Retriever
 from searchrl.envs.retrievers.cache import CachedRetriever
-from searchrl.errors import DataError
 
 
 def build_retriever(

@@ -11,10 +11,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc, load_corpus
 from searchrl.data.docstore import FILE as STORE_FILE
 from searchrl.data.docstore import DocStore, write_docstore
-from searchrl.errors import DataError
 
 
 class BM25Retriever:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc, load_corpus
 from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, fetch
 from searchrl.envs.retrievers.faiss_index import (
@@ -28,7 +29,6 @@ from searchrl.envs.retrievers.faiss_index import (
     set_search_params,
     to_gpus,
 )
-from searchrl.errors import DataError
 
 
 def default_encoder_path() -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from searchrl.errors import DataError
+from searchrl.core.errors import DataError
 
 SPEC_EXAMPLES = ("Flat", "HNSW32", "IVF1024,SQ8", "IVF1024,PQ64", "OPQ64,IVF1024,PQ64")
 

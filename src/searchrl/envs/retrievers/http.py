@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from searchrl.core.errors import SearchRLError
+from searchrl.core.serving import ServiceError, post_json
 from searchrl.data.corpus import Doc
 from searchrl.envs.retrievers.base import Retriever
-from searchrl.errors import SearchRLError
-from searchrl.serving import ServiceError, post_json
 
 
 class RetrieverUnavailable(SearchRLError, ConnectionError):
@@ -96,7 +96,7 @@ def make_app(
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from searchrl.asgi import BadRequest, Batcher, integer, json_app, read_json, with_timeout
+    from searchrl.core.asgi import BadRequest, Batcher, integer, json_app, read_json, with_timeout
 
     def search(_: Any, items: list[tuple[list[str], int]]) -> list[list[list[Doc]]]:
         flat = [q for queries, _ in items for q in queries]
@@ -143,8 +143,8 @@ def make_app(
 
 
 def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **limits: Any) -> Any:
-    """A retrieval server (`searchrl.asgi.Served`, not started) for ``retriever``; port 0 picks a free
+    """A retrieval server (`searchrl.core.asgi.Served`, not started) for ``retriever``; port 0 picks a free
     port. ``limits``: `make_app`'s."""
-    from searchrl.asgi import Served
+    from searchrl.core.asgi import Served
 
     return Served(make_app(retriever, **limits), host, port)

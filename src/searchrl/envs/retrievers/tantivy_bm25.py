@@ -21,9 +21,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc
 from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, fetch
-from searchrl.errors import DataError
 
 _ANALYZER = "searchrl_en"
 _SUBDIR = "tantivy"

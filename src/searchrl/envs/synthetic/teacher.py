@@ -15,11 +15,11 @@ import random
 import re
 from typing import Any
 
-from searchrl.config import TeacherConfig
+from searchrl.core.config import TeacherConfig
+from searchrl.core.errors import DataError
 from searchrl.data.example import Example
 from searchrl.envs.search import EnvState, SearchEnv
 from searchrl.envs.synthetic.world import World
-from searchrl.errors import DataError
 
 _NAME = re.compile(r"\b[A-Z][a-z]+(?: University)?\b")
 

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.config import WorldConfig
+from searchrl.core.config import WorldConfig
+from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example, Hop, read_jsonl, write_jsonl
 from searchrl.envs.synthetic.names import make_names
@@ -30,7 +31,6 @@ from searchrl.envs.synthetic.schema import (
     RELATIONS_BY_SUBJECT,
     Relation,
 )
-from searchrl.errors import DataError
 
 SPLITS = ("train", "dev", "test")
 

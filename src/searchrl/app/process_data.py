@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from searchrl.answers import exact_match
+from searchrl.core.answers import exact_match
 from searchrl.envs.search import RERENDERED_AGENTS
 from searchrl.envs.synthetic.teacher import step_records, trajectory_record
 from searchrl.rewards.judges import ANNOTATORS, JudgeItem
@@ -170,7 +170,7 @@ def load_sft(path: str | Path) -> list[dict[str, Any]]:
 def _load(path: Path) -> list[dict[str, Any]]:
     from datasets import load_from_disk
 
-    from searchrl.errors import ConfigError
+    from searchrl.core.errors import ConfigError
 
     if not path.exists():
         raise ConfigError(
@@ -182,12 +182,12 @@ def _load(path: Path) -> list[dict[str, Any]]:
 
 
 def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
+    from searchrl.app.runtime import Runtime
     from searchrl.models.load import load_model_and_tokenizer
     from searchrl.rollout.hf import HFGenerator
-    from searchrl.runtime import Runtime
 
     if exp.process_data.out is None:
-        from searchrl.errors import ConfigError
+        from searchrl.core.errors import ConfigError
 
         raise ConfigError("set where to write the data", key="process_data.out")
     torch.manual_seed(exp.seed)

@@ -1,9 +1,9 @@
 """Experiment files: YAML with ``base:`` includes (paths relative to the including file; later files and
 overrides win; mappings merge, lists replace) and ``a.b=c`` command-line overrides, converted by the schema
-(`searchrl.config`). Every error names the file (or the command line override) and the dotted key.
+(`searchrl.core.config`). Every error names the file (or the command line override) and the dotted key.
 
 This module and the schema sit at the bottom: nothing here imports a registry. The names a config gives
-(retrievers, rewards, algorithms, …) are checked by `searchrl.experiment.load_experiment`.
+(retrievers, rewards, algorithms, …) are checked by `searchrl.app.experiment.load_experiment`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from searchrl.config import Ctx, Experiment, convert
-from searchrl.errors import ConfigError
+from searchrl.core.config import Ctx, Experiment, convert
+from searchrl.core.errors import ConfigError
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -149,7 +149,7 @@ def read_experiment(
 ) -> tuple[Experiment, Ctx]:
     """The experiment a file and overrides describe, converted by the schema (types, ranges, choices), and
     the conversion's context: where each key came from and the registry names still to check
-    (`searchrl.experiment.load_experiment` does both)."""
+    (`searchrl.app.experiment.load_experiment` does both)."""
     ctx = Ctx()
     data: dict[str, Any] = {}
     if path is not None:

@@ -2,8 +2,8 @@
 with errors a user can act on (the file or command line, the dotted key, the bad value, the valid choices).
 
 It sits at the bottom of the package and imports none of the registries: fields that name a registered
-object are recorded in the conversion's context and checked by `searchrl.experiment.load_experiment`,
-which also reads the files (`searchrl.loader`: ``base:`` includes, ``a.b=c`` overrides).
+object are recorded in the conversion's context and checked by `searchrl.app.experiment.load_experiment`,
+which also reads the files (`searchrl.core.loader`: ``base:`` includes, ``a.b=c`` overrides).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from searchrl.errors import ConfigError, DataError
+from searchrl.core.errors import ConfigError, DataError
 
 # ---------------------------------------------------------------------------------------------- sections
 
@@ -431,7 +431,7 @@ class Ctx:
     def __init__(self) -> None:
         self.source: dict[str, str] = {}
         # (dotted key, registry or choice-list name, value): names the schema cannot check, because the
-        # registries sit above it; `searchrl.experiment` checks them
+        # registries sit above it; `searchrl.app.experiment` checks them
         self.names: list[tuple[str, str, Any]] = []
 
     def record(self, data: Any, origin: str, prefix: str = "") -> None:
@@ -457,7 +457,7 @@ def from_dict(
     cls: type, data: dict[str, Any], source: str = "<config>", key: str = "", ctx: Ctx | None = None
 ) -> Any:
     """Convert a mapping into dataclass ``cls`` with the schema's checks (types, ranges, choices); registry
-    names are left in ``ctx.names`` (`searchrl.experiment.from_dict_checked` checks them too)."""
+    names are left in ``ctx.names`` (`searchrl.app.experiment.from_dict_checked` checks them too)."""
     ctx = ctx if ctx is not None else Ctx()
     ctx.source.setdefault("", source)
     return convert(cls, data, ctx, key)

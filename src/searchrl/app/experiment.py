@@ -1,5 +1,5 @@
-"""Load and check an experiment: the file(s) and overrides (`searchrl.loader`), converted by the schema
-(`searchrl.config`), then the names it gives checked against the registries (retrievers, rewards,
+"""Load and check an experiment: the file(s) and overrides (`searchrl.core.loader`), converted by the schema
+(`searchrl.core.config`), then the names it gives checked against the registries (retrievers, rewards,
 algorithms, generators, judges, annotators, summarizers, tag sets, templates); and, on demand, the deeper
 checks that import the named objects (`check_arguments`: their arguments and calling conventions), run by
 `searchrl validate` and before every command that trains or collects.
@@ -14,10 +14,10 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from searchrl.config import Ctx, Experiment, from_dict
-from searchrl.errors import ConfigError, RegistryError
-from searchrl.loader import read_experiment
-from searchrl.registry import Registry
+from searchrl.core.config import Ctx, Experiment, from_dict
+from searchrl.core.errors import ConfigError, RegistryError
+from searchrl.core.loader import read_experiment
+from searchrl.core.registry import Registry
 
 
 def load_experiment(path: str | Path | None = None, overrides: list[str] | None = None) -> Experiment:
@@ -29,7 +29,7 @@ def load_experiment(path: str | Path | None = None, overrides: list[str] | None 
 
 
 def from_dict_checked(cls: type, data: dict[str, Any], source: str = "<config>", key: str = "") -> Any:
-    """`searchrl.config.from_dict`, with the names it gives checked too."""
+    """`searchrl.core.config.from_dict`, with the names it gives checked too."""
     ctx = Ctx()
     obj = from_dict(cls, data, source, key, ctx)
     check_names(ctx)
@@ -83,11 +83,23 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
     """Deeper checks that import the named objects: algorithm arguments against the algorithm's
     ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
     file will train its algorithm) that the algorithm can train the agent design."""
+    _check_algorithm(exp, source, training)
+    _check_named_args(exp.process_data, source, "process_data")
+    if exp.warm_start is not None:  # the SFT warm start's arguments, under their own key
+        from searchrl.algorithms.sft import SFTConfig
+
+        from_dict_checked(SFTConfig, exp.warm_start.args, source, "warm_start.args")
+    _check_env_arguments(exp, source)
+    _check_reward_arguments(exp, source)
+
+
+def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
+    """The algorithm's arguments, that it can train the agent design, the asynchronous-rollout refusal, and
+    a process reward where the algorithm places per-step rewards."""
     from searchrl.algorithms import ALGORITHMS, requirements
     from searchrl.envs.search import AGENTS, RERENDERED_AGENTS
     from searchrl.rewards import REWARDS
-    from searchrl.rewards.pipeline import check_calling_convention
-    from searchrl.rewards.registry import PROVIDED, reward_kind
+    from searchrl.rewards.registry import reward_kind
 
     if exp.algorithm is not None:
         algo: Any = ALGORITHMS.get(exp.algorithm.name)
@@ -117,11 +129,10 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                 choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
                 hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only",
             )
-    _check_named_args(exp.process_data, source, "process_data")
-    if exp.warm_start is not None:  # the SFT warm start's arguments, under their own key
-        from searchrl.algorithms.sft import SFTConfig
 
-        from_dict_checked(SFTConfig, exp.warm_start.args, source, "warm_start.args")
+
+def _check_env_arguments(exp: Experiment, source: str) -> None:
+    """The retriever's and the summarizer's arguments against their parameters."""
     from searchrl.envs.retrievers import retriever_arguments
 
     known = retriever_arguments(exp.env.retriever.name)
@@ -147,6 +158,14 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
                     value=arg,
                     choices=list(params),
                 )
+
+
+def _check_reward_arguments(exp: Experiment, source: str) -> None:
+    """Each reward's arguments against its keyword parameters, and its calling convention."""
+    from searchrl.rewards import REWARDS
+    from searchrl.rewards.pipeline import check_calling_convention
+    from searchrl.rewards.registry import PROVIDED
+
     for i, spec in enumerate(exp.rewards):
         params = inspect.signature(REWARDS.get(spec.name)).parameters
         allowed = [

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from searchrl.config import Experiment, TrainerConfig
-from searchrl.errors import ConfigError
+from searchrl.core.config import Experiment, TrainerConfig
+from searchrl.core.errors import ConfigError
 
 BASE, WARM = "base", "sft"  # the names of the start models a stage or an evaluation may refer to
 

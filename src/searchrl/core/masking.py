@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from searchrl.types import RolloutBatch, Trajectory
+from searchrl.core.types import RolloutBatch, Trajectory
 
 
 def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> RolloutBatch:

@@ -15,10 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from searchrl.config import Experiment
+from searchrl.app.runtime import Runtime, local_model_dir
+from searchrl.core.config import Experiment
+from searchrl.core.errors import ConfigError
 from searchrl.data.example import read_jsonl, write_jsonl
-from searchrl.errors import ConfigError
-from searchrl.runtime import Runtime, local_model_dir
 
 
 def teacher_sft_records(rt: Runtime, passes: int) -> list[dict[str, Any]]:
@@ -47,7 +47,7 @@ def make_evaluator(rt: Runtime, split: str, limit: int | None) -> Any:
     """Periodic evaluation inside a Trainer: greedy episodes of the live policy, each process on its shard
     of the questions. The policy is gathered once for the whole evaluation (under ZeRO-3 every gather is
     a collective, and shards take different numbers of turns)."""
-    from searchrl.eval import episode_metrics, run_policy
+    from searchrl.app.eval import episode_metrics, run_policy
 
     examples = rt.examples(split)[:limit]
 
@@ -87,7 +87,7 @@ def evaluate_final(rt: Runtime, model_dir: Path, name: str, state: Any) -> dict[
     process writes the results."""
     from contextlib import nullcontext
 
-    from searchrl.eval import episode_metrics, run_policy, write_results
+    from searchrl.app.eval import episode_metrics, run_policy, write_results
     from searchrl.models.load import load_model_and_tokenizer
 
     e = rt.exp
@@ -115,7 +115,7 @@ def evaluate_best_of_n(
 ) -> dict[str, Any]:
     """The policy guided by the PRM (RAG-Gym Algorithm 1) on the evaluation split (sharded over the
     processes of ``state``, when given)."""
-    from searchrl.eval import episode_metrics, run_best_of_n, write_results
+    from searchrl.app.eval import episode_metrics, run_best_of_n, write_results
     from searchrl.models.load import load_model_and_tokenizer
     from searchrl.rewards.prm import PRMScorer
 
@@ -184,11 +184,11 @@ def run_stage(
 
 
 def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[str, Any]:
-    """Run `searchrl.plan.plan(exp)`: its stages, then its evaluations. ``force``: start over in a run
+    """Run `searchrl.app.plan.plan(exp)`: its stages, then its evaluations. ``force``: start over in a run
     directory trained with another config (its results are deleted)."""
+    from searchrl.app.plan import BASE, plan
+    from searchrl.app.rundir import check_run_dir, claim_run_dir
     from searchrl.engine.engine import distributed_state, wait_for_main
-    from searchrl.plan import BASE, plan
-    from searchrl.rundir import check_run_dir, claim_run_dir
 
     state = distributed_state(exp.distributed.timeout)
     p = plan(exp)
@@ -210,7 +210,7 @@ def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[st
     for stage in p.stages:
         data = records if stage.data == "teacher" else None
         if stage.data.startswith("process-") and p.process_data is not None:
-            from searchrl.process_data import load_pairs, load_sft
+            from searchrl.app.process_data import load_pairs, load_sft
 
             data = (load_pairs if stage.data == "process-pairs" else load_sft)(p.process_data)
         start = models.get(stage.start, Path(stage.start))
@@ -225,12 +225,12 @@ def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[st
         else:
             results[ev.name] = evaluate_best_of_n(rt, model, models[ev.guide], ev.n, state)
     if state.is_main_process:
-        from searchrl.eval import markdown_table
+        from searchrl.app.eval import markdown_table
 
         table = markdown_table({f"{n} ({exp.eval.split})": m for n, m in results.items()})
         (out / "results.md").write_text(table + "\n")
         (out / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-        from searchrl.plots import learning_curve
+        from searchrl.app.plots import learning_curve
 
         learning_curve(out, out / "learning_curve.png")
         print("\n" + table)

@@ -2,14 +2,14 @@
 evaluated and trained on, one folder that opens from disk.
 
 What it reads:
-- evaluations: ``*.predictions.jsonl`` (`searchrl.eval.write_results`), given as a file or found in a run
+- evaluations: ``*.predictions.jsonl`` (`searchrl.app.eval.write_results`), given as a file or found in a run
   directory (``eval/`` of `searchrl train`, the run directory itself for `searchrl eval`);
 - training samples: ``samples/step-*.json`` of the run and of its warm start (``sft/samples``), written by
   the trainer (``trainer.samples``, `searchrl.engine.samples`);
 - learning curves: the run's ``learning_curve.png``.
 
 What it writes into the output folder: ``index.html``, ``viewer.js`` and ``viewer.css`` (from
-``searchrl/viewer/static``, no CDN), ``data/main.js`` (evaluations, the paired comparison, the list of
+``searchrl/app/viewer/static``, no CDN), ``data/main.js`` (evaluations, the paired comparison, the list of
 training steps) and one ``data/STAGE-step-NNNNNN.js`` per saved step, loaded when the step is opened, so a
 long run's samples do not make the first page heavy. Data files are JavaScript (``window.SEARCHRL = …``)
 rather than JSON because a page opened from disk may not fetch files beside it.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import DataError
+from searchrl.core.errors import DataError
 
 STATIC = Path(__file__).parent / "static"
 PREDICTIONS = ".predictions.jsonl"
@@ -98,8 +98,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
     """Two evaluations of the same questions, paired by id: counts of who got what right, and for EM and F1
-    the paired difference a − b with its 95% bootstrap interval and p-value (`searchrl.stats`)."""
-    from searchrl.stats import paired_bootstrap
+    the paired difference a − b with its 95% bootstrap interval and p-value (`searchrl.core.stats`)."""
+    from searchrl.core.stats import paired_bootstrap
 
     by_id = {r["id"]: r for r in b}
     ids = [r["id"] for r in a if r["id"] in by_id]

@@ -1,7 +1,7 @@
 """Small JSON-over-HTTP pieces shared by our clients and servers (retrieval, chat completions).
 
 Standard library only: a client call with timeout, retries and exponential back-off, and the failure
-counters of the judge and summarizer clients. The servers themselves are in `searchrl.asgi`.
+counters of the judge and summarizer clients. The servers themselves are in `searchrl.core.asgi`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from searchrl.aggregate import Sum
-from searchrl.errors import SearchRLError
+from searchrl.core.aggregate import Sum
+from searchrl.core.errors import SearchRLError
 
 
 class ServiceError(SearchRLError, ConnectionError):

@@ -9,7 +9,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from searchrl.config import Experiment
+from searchrl.core.config import Experiment
+from searchrl.core.errors import ConfigError
 from searchrl.data.corpus import Doc, load_corpus
 from searchrl.data.example import Example
 from searchrl.data.loaders import load_examples
@@ -18,7 +19,6 @@ from searchrl.envs.retrievers.base import Retriever
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.world import World
 from searchrl.envs.tags import ALL_TAG_STRINGS, CHAT_TEMPLATES, TEMPLATES
-from searchrl.errors import ConfigError
 
 
 class Runtime:

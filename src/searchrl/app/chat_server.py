@@ -32,7 +32,7 @@ def make_chat_app(
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from searchrl.asgi import BadRequest, Batcher, integer, json_app, read_json, with_timeout
+    from searchrl.core.asgi import BadRequest, Batcher, integer, json_app, read_json, with_timeout
 
     cap = max(1, min(max_tokens, chat.max_context - 1))
     batcher = Batcher(lambda key, convs: chat.complete(convs, key[0], key[1]), max_items=16)
@@ -96,7 +96,7 @@ def make_chat_app(
 def make_chat_server(
     chat: LocalChat, name: str = "local", host: str = "127.0.0.1", port: int = 8001, **limits: Any
 ) -> Any:
-    """An OpenAI-compatible chat server (`searchrl.asgi.Served`, not started); port 0 picks a free port."""
-    from searchrl.asgi import Served
+    """An OpenAI-compatible chat server (`searchrl.core.asgi.Served`, not started); port 0 picks a free port."""
+    from searchrl.core.asgi import Served
 
     return Served(make_chat_app(chat, name, **limits), host, port)

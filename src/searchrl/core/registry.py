@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from searchrl.errors import RegistryError, close_match
+from searchrl.core.errors import RegistryError, close_match
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 Runs are found under the given directories (any directory with ``metrics.jsonl``) and grouped into
 variants by name, with a trailing ``-seed<N>`` removed. The table gives mean ± std over seeds of the final
 evaluation (``results.json``: every stage but the untrained model) per variant, and a 95% bootstrap
-interval of EM over questions and seeds from the per-question predictions (`searchrl.stats`). The
+interval of EM over questions and seeds from the per-question predictions (`searchrl.core.stats`). The
 comparisons pair two arms (variant, stage) on the same questions and seeds: the stages of one variant
 against its warm start, and each stage across variants, with a paired-bootstrap p-value; differences
 with p < 0.05 are marked. The plots give training curves and held-out EM (``trainer.eval_every``) against
@@ -80,7 +80,7 @@ def seed_of(run: Path) -> int:
 def question_scores(run: Path, metrics: dict[str, Any], key: str = "em") -> dict[str, float] | None:
     """{question id: score} of one evaluated stage (its ``results.json`` entry ``metrics``), from its
     predictions file (None when it has none)."""
-    from searchrl.eval import read_predictions
+    from searchrl.app.eval import read_predictions
 
     rel = metrics.get("predictions")
     if not rel or not (run / rel).exists():
@@ -104,7 +104,7 @@ def arms(
 
 def interval(per_seed: dict[int, dict[str, float]]) -> Any:
     """A bootstrap interval over the seeds and the questions all of them answered."""
-    from searchrl.stats import align, bootstrap_ci
+    from searchrl.core.stats import align, bootstrap_ci
 
     matrix, _ = align(per_seed, per_seed)
     return bootstrap_ci(matrix) if matrix and matrix[0] else None
@@ -113,7 +113,7 @@ def interval(per_seed: dict[int, dict[str, float]]) -> Any:
 def comparisons(data: dict[tuple[str, str], dict[int, dict[str, float]]], key: str = "em") -> str:
     """Paired bootstrap between arms (`arms`) on the same (seed, question) pairs: each stage of a variant
     against its warm start (``sft``), and each stage across every two variants."""
-    from searchrl.stats import align, paired_bootstrap
+    from searchrl.core.stats import align, paired_bootstrap
 
     pairs = [(a, b) for a in data for b in data if a[0] == b[0] and b[1] == "sft" and a[1] != "sft"]
     pairs += [(a, b) for a in data for b in data if a[1] == b[1] and a[0] < b[0]]

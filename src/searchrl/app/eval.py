@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from searchrl.answers import answer_scores
+from searchrl.core.answers import answer_scores
+from searchrl.core.errors import DataError
 from searchrl.envs.search import EnvState
-from searchrl.errors import DataError
 
 
 def redundant_searches(state: EnvState) -> int:
@@ -283,9 +283,9 @@ def policy_agent(rt: Any, examples: Sequence[Any], model: str | None, label: str
     the experiment's model."""
     from contextlib import nullcontext
 
+    from searchrl.app.runtime import local_model_dir
     from searchrl.engine.checkpoint import has_weights
     from searchrl.models.load import load_model_and_tokenizer
-    from searchrl.runtime import local_model_dir
 
     exp = rt.exp
     trained = exp.out / "final"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from searchrl.errors import SearchRLError
+from searchrl.core.errors import SearchRLError
 
 
 class BadRequest(Exception):

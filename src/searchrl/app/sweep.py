@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import ConfigError
+from searchrl.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
     path = Path(path)
     if not path.exists():
         raise ConfigError("sweep file not found", file=str(path))
-    from searchrl.loader import load_yaml
+    from searchrl.core.loader import load_yaml
 
     if path.is_dir():
         raise ConfigError("is a directory; pass a sweep YAML file", file=str(path))
@@ -148,7 +148,7 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
 
 def check(sweep: Sweep) -> None:
     """Every run's experiment loads and validates before anything starts."""
-    from searchrl.experiment import check_arguments, load_experiment
+    from searchrl.app.experiment import check_arguments, load_experiment
 
     for r in sweep.runs:
         check_arguments(load_experiment(r.config, list(r.overrides)), f"{r.config} (run {r.name})")

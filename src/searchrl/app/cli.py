@@ -1,0 +1,259 @@
+"""The `searchrl` command line. Also runnable as `python -m searchrl` and `accelerate launch -m searchrl`.
+
+Each subcommand has a function that adds its arguments (``_add_NAME``) and one in `searchrl.app.commands` that
+runs it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from searchrl.app import commands
+from searchrl.core.errors import SearchRLError
+
+
+def _overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.topk=5")
+
+
+def _positive(kind: type) -> Any:
+    """An argparse type: a number of ``kind`` above 0 (a flag out of range exits 2 naming it, as any bad flag)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="searchrl", description=__doc__)
+    p.add_argument("--debug", action="store_true", help="show the traceback of a user error")
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    return p
+
+
+def _add_world(sub: Any) -> None:
+    w = sub.add_parser("world", help="generate a synthetic multi-hop world (corpus + questions)")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--out", required=True, type=Path)
+    w.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="world settings, e.g. persons=200")
+    w.set_defaults(fn=commands.cmd_world)
+
+
+def _add_train(sub: Any) -> None:
+    tr = sub.add_parser("train", help="train an experiment (warm start, algorithm, evaluation)")
+    tr.add_argument("config")
+    tr.add_argument("--resume", action="store_true", help="continue from the last checkpoint of each stage")
+    tr.add_argument(
+        "--force",
+        action="store_true",
+        help="start over in a run directory trained with another config (deletes its results)",
+    )
+    _overrides(tr)
+    tr.set_defaults(fn=commands.cmd_train)
+
+
+def _add_validate(sub: Any) -> None:
+    v = sub.add_parser("validate", help="check experiment files without running them")
+    v.add_argument("files", nargs="+")
+    v.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to each file"
+    )
+    v.set_defaults(fn=commands.cmd_validate)
+
+
+def _add_build_model(sub: Any) -> None:
+    b = sub.add_parser("build-model", help="train a tokenizer on a world and build a local Qwen2 model")
+    b.add_argument("--world", type=Path, help="a world directory (default: the config's world)")
+    b.add_argument("--size", default="small")
+    b.add_argument("--out", required=True, type=Path)
+    b.add_argument("--config", default=None)
+    _overrides(b)
+    b.set_defaults(fn=commands.cmd_build_model)
+
+
+def _add_tokenizer(sub: Any) -> None:
+    k = sub.add_parser(
+        "tokenizer", help="write a real model's tokenizer offline (Qwen2.5's, from the qwen extra)"
+    )
+    k.add_argument("name", choices=["qwen2.5"])
+    k.add_argument("--out", required=True, type=Path)
+    k.set_defaults(fn=commands.cmd_tokenizer)
+
+
+def _add_index(sub: Any) -> None:
+    i = sub.add_parser("index", help="build and save a BM25 or dense index of a corpus")
+    i.add_argument("--retriever", default="bm25")
+    i.add_argument("--corpus", required=True)
+    i.add_argument("--out", required=True, type=Path)
+    i.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="retriever argument")
+    i.add_argument(
+        "--index-type",
+        help="dense: a faiss index-factory spec (Flat, HNSW32, IVF1024,SQ8, IVF1024,PQ64, OPQ64,IVF1024,PQ64)",
+    )
+    i.set_defaults(fn=commands.cmd_index)
+
+
+def _add_serve_retriever(sub: Any) -> None:
+    s = sub.add_parser("serve-retriever", help="serve a retriever over Search-R1's HTTP protocol")
+    s.add_argument("--retriever", default="bm25")
+    s.add_argument("--corpus")
+    s.add_argument("--index")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--max-queries", type=_positive(int), default=1024, help="queries per request, at most")
+    s.add_argument("--max-topk", type=_positive(int), default=100, help="documents per query, at most")
+    s.add_argument(
+        "--timeout", type=_positive(float), default=60.0, help="seconds a request may take (then HTTP 504)"
+    )
+    s.set_defaults(fn=commands.cmd_serve)
+
+
+def _add_serve_model(sub: Any) -> None:
+    m = sub.add_parser("serve-model", help="serve a local model over the OpenAI chat-completions protocol")
+    m.add_argument("--model", required=True, help="a local Hugging Face model directory")
+    m.add_argument(
+        "--name", default=None, help="the model name reported to clients (default: directory name)"
+    )
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--port", type=int, default=8001)
+    m.add_argument("--max-tokens", type=_positive(int), default=1024, help="cap on a request's max_tokens")
+    m.add_argument(
+        "--timeout", type=_positive(float), default=300.0, help="seconds a request may take (then HTTP 504)"
+    )
+    m.set_defaults(fn=commands.cmd_serve_model)
+
+
+def _add_collect_process_data(sub: Any) -> None:
+    c = sub.add_parser("collect-process-data", help="RAG-Gym step-level preference data from a policy")
+    c.add_argument("config")
+    c.add_argument("--model", required=True, help="the policy that proposes the candidate actions")
+    _overrides(c)
+    c.set_defaults(fn=commands.cmd_collect)
+
+
+def _add_sweep(sub: Any) -> None:
+    w = sub.add_parser("sweep", help="run a grid of experiments (resumable; failures recorded, not fatal)")
+    w.add_argument("sweep")
+    w.add_argument("--jobs", type=int, default=1, help="runs at once on this machine")
+    w.add_argument("--dry-run", action="store_true", help="list the runs and their commands")
+    w.add_argument(
+        "--launch-config", default=None, help="start each run with accelerate launch --config_file"
+    )
+    w.add_argument("--root", default="runs/sweeps")
+    w.set_defaults(fn=commands.cmd_sweep)
+
+
+def _add_report(sub: Any) -> None:
+    r = sub.add_parser("report", help="tables, plots and an HTML page from runs or sweeps")
+    r.add_argument("dirs", nargs="+")
+    r.add_argument("--out", default="report")
+    r.set_defaults(fn=commands.cmd_report)
+
+
+def _add_view(sub: Any) -> None:
+    vw = sub.add_parser(
+        "view", help="a static HTML viewer of evaluations, a paired comparison and training samples"
+    )
+    vw.add_argument("target", metavar="RUN_OR_FILE", help="a run directory or a *.predictions.jsonl file")
+    vw.add_argument("--compare", metavar="OTHER", default=None, help="a second run or predictions file")
+    vw.add_argument(
+        "--out", default=None, help="output folder (default: RUN/view, or NAME.view beside a file)"
+    )
+    vw.add_argument(
+        "--serve",
+        type=int,
+        nargs="?",
+        const=0,
+        default=None,
+        metavar="PORT",
+        help="also serve the folder on 127.0.0.1 (PORT, or any free port)",
+    )
+    vw.set_defaults(fn=commands.cmd_view)
+
+
+def _add_teacher(sub: Any) -> None:
+    t = sub.add_parser("teacher", help="write scripted-teacher trajectories for a split (SFT data)")
+    t.add_argument("config")
+    t.add_argument("--split", default="train")
+    t.add_argument("--out", required=True, type=Path)
+    _overrides(t)
+    t.set_defaults(fn=commands.cmd_teacher)
+
+
+def _add_eval(sub: Any) -> None:
+    e = sub.add_parser("eval", help="evaluate an agent on a split: EM, F1, searches, invalid actions")
+    e.add_argument("config")
+    e.add_argument(
+        "--agent", default=None, help="policy (default), teacher, or prm (PRM best-of-N, eval.best_of)"
+    )
+    e.add_argument("--split", default=None)
+    e.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="NAME=QUESTIONS[,CORPUS]",
+        help="evaluate on a question file with its corpus (repeatable: one table row per dataset)",
+    )
+    e.add_argument(
+        "--data-format", default="auto", help="the files' format: auto, flashrag, hotpotqa, musique, 2wiki"
+    )
+    e.add_argument(
+        "--model",
+        default=None,
+        help="model directory for the policy agent (default: the run's final model, else model.path)",
+    )
+    _overrides(e)
+    e.set_defaults(fn=commands.cmd_eval)
+
+
+SUBCOMMANDS = (
+    _add_world,
+    _add_train,
+    _add_validate,
+    _add_build_model,
+    _add_tokenizer,
+    _add_index,
+    _add_serve_retriever,
+    _add_serve_model,
+    _add_collect_process_data,
+    _add_sweep,
+    _add_report,
+    _add_view,
+    _add_teacher,
+    _add_eval,
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # KEY=VALUE overrides may come after options (argparse stops collecting positionals at an option)
+    if extra:
+        if not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    try:
+        args.fn(args)
+    except (SearchRLError, OSError) as exc:  # a user's error (config, data, arguments, files, ports)
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        if not isinstance(exc, SearchRLError):
+            print("(run with --debug for the traceback)", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""What each `searchrl` subcommand does (`searchrl.app.cli` parses the command line and calls these)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from searchrl.app.evaluate import check_model_dir, evaluate
+from searchrl.core.errors import DataError, SearchRLError
+
+
+def cmd_world(args: argparse.Namespace) -> None:
+    from searchrl.core.config import from_dict
+    from searchrl.core.loader import parse_assignment
+    from searchrl.envs.synthetic.world import World, WorldConfig
+
+    raw: dict = {"seed": args.seed}
+    for item in args.overrides:
+        k, v = parse_assignment(item, "a world setting", "persons=200")
+        raw[k.removeprefix("world.")] = v
+    cfg = from_dict(WorldConfig, raw, source="command line", key="world")
+    t = time.perf_counter()
+    world = World.generate(cfg)
+    out = world.save(args.out)
+    counts = {s: len(world.examples(s)) for s in ("train", "dev", "test")}
+    print(
+        f"world seed={cfg.seed}: {len(world.entities)} entities, questions {counts}, "
+        f"written to {out} in {time.perf_counter() - t:.1f}s"
+    )
+
+
+def cmd_validate(args: argparse.Namespace) -> None:
+    from searchrl.app.experiment import check_arguments, load_experiment
+
+    failed = 0
+    for f in args.files:
+        try:
+            exp = load_experiment(f, args.set)
+            check_arguments(exp, f)
+            print(f"ok      {f}")
+        except SearchRLError as exc:
+            failed += 1
+            print(f"invalid {exc}", file=sys.stderr)
+    if failed:
+        raise SystemExit(1)
+
+
+def cmd_build_model(args: argparse.Namespace) -> None:
+    from searchrl.app.experiment import load_experiment
+    from searchrl.app.runtime import Runtime, tokenizer_texts
+    from searchrl.envs.tags import ALL_TAG_STRINGS
+    from searchrl.models.tiny import SIZES, build_local_model
+
+    if args.size not in SIZES:
+        raise SearchRLError(f"unknown --size {args.size!r}; valid: {', '.join(SIZES)}")
+    exp = load_experiment(
+        args.config, [*args.overrides, f"data.world_dir={args.world}"] if args.world else args.overrides
+    )
+    rt = Runtime(exp)
+    if rt.world is None:
+        raise SearchRLError("build-model trains its tokenizer on a synthetic world: pass --world DIR")
+    out = build_local_model(
+        args.size, tokenizer_texts(rt.world, rt.env()), args.out, seed=exp.seed, tags=ALL_TAG_STRINGS
+    )
+    print(f"built a {args.size} Qwen2 model and tokenizer in {out}")
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> None:
+    from searchrl.models.qwen import qwen_tokenizer
+
+    t = time.perf_counter()
+    tok = qwen_tokenizer(args.out, args.name)
+    print(
+        f"{args.name} tokenizer ({len(tok)} tokens, chat template included) written to {args.out} in "
+        f"{time.perf_counter() - t:.1f}s; load it with AutoTokenizer.from_pretrained('{args.out}')"
+    )
+
+
+def cmd_index(args: argparse.Namespace) -> None:
+    from searchrl.data.corpus import iter_corpus
+    from searchrl.data.docstore import FILE as STORE_FILE
+    from searchrl.data.docstore import DocStore, write_docstore
+    from searchrl.envs.retrievers import RETRIEVERS
+
+    cls = RETRIEVERS.get(args.retriever)
+    if not hasattr(cls, "save"):
+        raise SearchRLError(
+            f"retriever '{args.retriever}' has no index to build; valid: bm25, dense, tantivy"
+        )
+    kwargs = _retriever_kwargs(args.retriever, args.arg)
+    if args.index_type:
+        if args.retriever != "dense":
+            raise SearchRLError(f"--index-type is for the dense retriever, not '{args.retriever}'")
+        kwargs["index_type"] = args.index_type
+    t = time.perf_counter()
+    # the documents go to disk first, streamed; the index is built over the memory-mapped store
+    store = Path(args.out) / STORE_FILE
+    write_docstore(iter_corpus(args.corpus), store, progress=True)
+    docs = DocStore(store)
+    dup = docs.duplicate_ids()
+    if dup:  # gold recall, redundancy penalties and the cache count documents by id
+        store.unlink()
+        raise DataError(
+            f"{args.corpus}: document ids must be unique; these are shared by several documents: "
+            f"{', '.join(repr(d) for d in dup)}{' …' if len(dup) == 10 else ''}. Nothing was indexed."
+        )
+    cls(docs, **kwargs).save(args.out)
+    print(
+        f"{args.retriever} index of {len(docs)} documents written to {args.out} in {time.perf_counter() - t:.1f}s"
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from searchrl.envs.retrievers import build_retriever
+    from searchrl.envs.retrievers.http import make_server
+
+    if args.corpus is None and args.index is None:
+        raise SearchRLError("serve-retriever needs --corpus FILE or --index DIR")
+    if args.index is not None and not Path(args.index).is_dir():
+        raise SearchRLError(
+            f"--index {args.index}: {'is not a directory' if Path(args.index).exists() else 'not found'}; "
+            "pass the directory `searchrl index --out DIR` wrote"
+        )
+    _check_port(args.port)
+    retriever = build_retriever(
+        args.retriever, corpus=args.corpus, index=args.index, **_retriever_kwargs(args.retriever, args.arg)
+    )
+    server = make_server(
+        retriever,
+        args.host,
+        args.port,
+        max_queries=args.max_queries,
+        max_topk=args.max_topk,
+        timeout=args.timeout,
+    )
+    _serve(server, f"serving {args.retriever} on {server.url}/retrieve (Ctrl-C to stop)")
+
+
+def cmd_serve_model(args: argparse.Namespace) -> None:
+    from searchrl.app.chat_server import make_chat_server
+    from searchrl.rollout.chat import LocalChat
+
+    _check_port(args.port)
+    check_model_dir(args.model)
+    chat = LocalChat.load(args.model)
+    server = make_chat_server(
+        chat,
+        args.name or Path(args.model).name,
+        args.host,
+        args.port,
+        max_tokens=args.max_tokens,
+        timeout=args.timeout,
+    )
+    _serve(server, f"serving {args.model} on {server.url}/v1/chat/completions (Ctrl-C to stop)")
+
+
+def _check_port(port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise SearchRLError(f"--port {port}: a port is a number from 0 to 65535 (0 picks a free one)")
+
+
+def _retriever_kwargs(name: str, items: list[str]) -> dict[str, Any]:
+    from searchrl.envs.retrievers import retriever_arguments
+
+    kwargs, known = _kv(items), retriever_arguments(name)
+    for k in kwargs:
+        if known is not None and k not in known:
+            raise SearchRLError(
+                f"--arg {k}: retriever '{name}' has no argument '{k}'; valid: {', '.join(known)}"
+            )
+    return kwargs
+
+
+def _serve(server: Any, banner: str) -> None:
+    print(banner, flush=True)
+    server.run()  # uvicorn stops cleanly on Ctrl-C
+
+
+def cmd_collect(args: argparse.Namespace) -> None:
+    from searchrl.app.experiment import check_arguments, load_experiment
+    from searchrl.app.process_data import run
+
+    exp = load_experiment(args.config, args.overrides)
+    check_arguments(exp, args.config, training=False)
+    summary = run(exp, args.model)
+    print(json.dumps(summary, indent=1))
+    print(f"process data written to {exp.process_data.out}")
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from searchrl.app.sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.sweep, args.root)
+    status = run_sweep(sweep, args.jobs, args.launch_config, args.dry_run)
+    failed = [n for n, s in status.items() if s.get("status") == "failed"]
+    if failed:
+        raise SearchRLError(f"{len(failed)} run(s) failed: {', '.join(failed)} (logs in {sweep.dir})")
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from searchrl.app.report import report
+
+    page = report(args.dirs, args.out)
+    md = (page.parent / "report.md").read_text()
+    print(md.split("![")[0].rstrip())  # the tables: means, intervals, paired tests
+    print(f"\nreport: {page} (and report.md, PNGs beside it)")
+
+
+def cmd_view(args: argparse.Namespace) -> None:
+    from searchrl.app.viewer.build import serve, view
+
+    index = view(args.target, args.compare, args.out)
+    print(f"viewer: {index} (open it in a browser; it needs no server)")
+    if args.serve is not None:
+        serve(index, args.serve)
+
+
+def cmd_teacher(args: argparse.Namespace) -> None:
+    from searchrl.app.experiment import load_experiment
+    from searchrl.app.runtime import Runtime
+    from searchrl.data.example import write_jsonl
+    from searchrl.envs.synthetic.teacher import teacher_records
+
+    exp = load_experiment(args.config, args.overrides)
+    rt = Runtime(exp)
+    if rt.world is None:
+        raise SearchRLError("the teacher needs the synthetic world (data.source: synthetic)")
+    records = teacher_records(rt.env(), rt.world, rt.examples(args.split), exp.teacher)
+    write_jsonl(args.out, records)
+    print(f"{len(records)} teacher trajectories ({args.split}) written to {args.out}")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from searchrl.app.eval import markdown_table
+    from searchrl.app.experiment import load_experiment
+
+    rows: dict[str, dict[str, Any]] = {}
+    for spec in args.data or [""]:  # one row per dataset (--data NAME=QUESTIONS[,CORPUS]), as in the papers
+        name, _, path = spec.partition("=")
+        if spec and not path:
+            raise SearchRLError(f"--data takes NAME=QUESTIONS[,CORPUS], got {spec!r}")
+        path, _, corpus = path.partition(",")
+        data = [f"data.source={args.data_format}", f"data.test={path}", "eval.split=test"] if spec else []
+        data += [f"data.corpus={corpus}"] if corpus else []
+        overrides = [*data, *args.overrides]
+        overrides += [f"eval.agent={args.agent}"] if args.agent else []
+        overrides += [f"eval.split={args.split}"] if args.split else []
+        rows.update(evaluate(load_experiment(args.config, overrides), args.model, name or None))
+    print(markdown_table(rows))
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from searchrl.app.experiment import check_arguments, load_experiment
+    from searchrl.app.train import train
+
+    exp = load_experiment(args.config, args.overrides)
+    check_arguments(exp, args.config)
+    train(exp, resume=args.resume, force=args.force)
+
+
+def _kv(items: list[str]) -> dict:
+    from searchrl.core.loader import parse_assignment
+
+    return dict(parse_assignment(item, "--arg", "key=value") for item in items or [])

@@ -1,0 +1,364 @@
+"""One training step of the shared loop (the `Trainer`'s step, phase by phase): collect and mask this
+process's rows, the no-grad log-prob passes (π_old, reference) and the sampler-trainer mismatch, the
+algorithm's advantages, the optimizer updates over globally normalised micro-batches, and the step's metrics."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from searchrl.algorithms.base import Algorithm, Context, Requirements
+from searchrl.algorithms.correction import RolloutCorrection, correction_weights
+from searchrl.core.aggregate import Max, Mean, Sum
+from searchrl.core.config import TrainerConfig
+from searchrl.core.functional import token_entropy, token_logprobs, token_weights
+from searchrl.core.masking import build_batch
+from searchrl.core.serving import check_failure_rates, service_metrics
+from searchrl.core.types import RolloutBatch, Segment, Trajectory
+from searchrl.engine.engine import Engine, NonFiniteError
+from searchrl.engine.samples import SampleRecorder
+from searchrl.engine.schedule import Schedule
+from searchrl.models.packing import pack
+from searchrl.models.policy import Reference, forward, forward_lean
+
+
+class TrainingStep:
+    """The step of `searchrl.engine.trainer.Trainer`, which sets these attributes in its constructor."""
+
+    engine: Engine
+    algo: Algorithm
+    algorithm: str
+    cfg: TrainerConfig
+    req: Requirements
+    ctx: Context
+    policy: Any
+    optimizer: Any
+    scheduler: Any
+    tokenizer: Any
+    reference: Reference | None
+    schedule: Schedule
+    samples: SampleRecorder
+    correction: RolloutCorrection | None
+    pipeline: Any
+    rows: int
+    micro: int
+    seed: int
+    temperature: float
+    old_pass: bool
+    _service_totals: dict[str, float]
+    _sampler_diff: list[float]
+    _corr_sums: dict[str, float]
+    _grad_norms: list[float]
+    # the trainer's: this step's rows from the asynchronous worker or the algorithm, and their metrics
+    _collect: Callable[[int, list[int]], tuple[list[Trajectory], dict[str, float]]]
+
+    def _logprobs(
+        self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False, negatives: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Log-probs (and entropy, values) of the batch's action tokens under ``model``; 0 elsewhere.
+        ``trainer.lean_logprobs``: the output layer applied at the action tokens only, in tiles
+        (`models.lean_head`); otherwise from the full logits. ``trainer.packing``: the micro-batch's rows
+        run as one packed row (`models.packing`) and the results are scattered back."""
+        ids, mask, pos = batch.input_ids, batch.loss_mask, None
+        attn: torch.Tensor | None = batch.attention_mask
+        packed = pack(ids, batch.attention_mask, mask) if self.cfg.packing else None
+        if packed is not None:
+            ids, attn, mask, pos = packed.input_ids, None, packed.loss_mask, packed.position_ids
+        if self.cfg.lean_logprobs:
+            logp, ent, v = forward_lean(
+                model, ids, attn, mask, self.temperature, entropy, values, negatives, position_ids=pos
+            )
+        else:
+            logits, v = forward(model, ids, attn, values=values, position_ids=pos)
+            logp = token_logprobs(logits, ids, self.temperature, mask=mask)
+            ent = None
+            if entropy:
+                with torch.no_grad():
+                    ent = token_entropy(logits.detach() / self.temperature, mask)
+        if packed is None:
+            return logp, ent, v
+        return tuple(None if x is None else packed.unpack(x) for x in (logp, ent, v))  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _no_grad_pass(
+        self, model: Any, batch: RolloutBatch, values: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (B, T) of the action tokens, and values (B, T) when asked, in micro-batches."""
+        model = self.engine.for_no_grad(model)
+        order = batch.attention_mask.sum(-1).argsort(stable=True)
+        out = torch.zeros_like(batch.loss_mask)
+        vals = torch.zeros_like(batch.loss_mask) if values else None
+        for i in range(0, len(batch), self.micro):
+            idx = order[i : i + self.micro]
+            mb = batch.select(idx.tolist())
+            width = int(mb.attention_mask.sum(-1).max())  # drop all-padding columns
+            lp, _, v = self._logprobs(model, mb.trim(width), values=values)
+            out[idx, :width] = lp
+            if vals is not None and v is not None:
+                vals[idx, :width] = v
+        return out * batch.loss_mask, None if vals is None else vals * batch.loss_mask
+
+    def _mismatch(self, old_logp: torch.Tensor, batch: RolloutBatch) -> None:
+        """The sampler's log-probs against the trainer's π_old over ``batch``'s action tokens: accumulates
+        |difference| and the correction's diagnostics, and puts the correction weights (`algorithms.correction`,
+        ``algorithm.rollout_correction``) in ``batch.extras["is_weight"]`` unless its mode is none."""
+        diff = (old_logp - batch.sampled_logprobs).abs() * batch.loss_mask
+        d = self._sampler_diff
+        d[0] += float(diff.sum())
+        d[1] += float(batch.loss_mask.sum())
+        d[2] = max(d[2], float(diff.max())) if diff.numel() else d[2]
+        corr = self.correction
+        if corr is None:
+            return
+        w, stats = correction_weights(old_logp, batch.sampled_logprobs, batch.loss_mask, corr)
+        if corr.mode != "none":
+            batch.extras["is_weight"] = w
+        acc = self._corr_sums
+        for k in ("tokens", "k3_kl", "cut_tokens", "cut_seq", "w_sum", "w_sq_sum"):
+            acc[k] += float(stats[k].sum())
+        acc["sequences"] += float((stats["tokens"] > 0).sum())
+
+    def _mismatch_metrics(self) -> dict[str, float]:
+        """Per-step metrics of the sampler-trainer mismatch (globally combined; ``rollout_corr/ess`` is derived
+        after the reduction)."""
+        total, tokens, worst = self._sampler_diff
+        out: dict[str, float] = {
+            "rollout/logprob_abs_diff": Mean(total, tokens),
+            "rollout/logprob_max_diff": Max(worst),
+        }
+        if self.correction is not None:
+            a = self._corr_sums
+            out.update(
+                {
+                    "rollout_corr/k3_kl": Mean(a["k3_kl"], a["tokens"]),  # KL(μ ‖ π_old) per token
+                    "rollout_corr/cut_token_frac": Mean(a["cut_tokens"], a["tokens"]),  # truncated / rejected
+                    "rollout_corr/cut_seq_frac": Mean(a["cut_seq"], a["sequences"]),
+                    "rollout_corr/w_mean": Mean(a["w_sum"], a["tokens"]),
+                    "rollout_corr/w_sq_mean": Mean(a["w_sq_sum"], a["tokens"]),
+                }
+            )
+        return out
+
+    def _length_order(self, batch: RolloutBatch) -> list[int]:
+        """Rows by length (less padding per micro-batch); pairs stay adjacent, by their longer row."""
+        lengths = batch.attention_mask.sum(-1)
+        if self.req.rows != "pairs":
+            return lengths.argsort(stable=True).tolist()
+        pair_len = torch.maximum(lengths[0::2], lengths[1::2])
+        return [r for p in pair_len.argsort(stable=True).tolist() for r in (2 * p, 2 * p + 1)]
+
+    def _update(self, batch: RolloutBatch, sums: dict[str, float]) -> None:
+        """One optimizer update over ``batch`` (this process's mini-batch), globally normalised."""
+        eng, algo = self.engine, self.algo
+        g_tokens = eng.sum(batch.loss_mask.sum())
+        g_seqs = eng.sum(float((batch.loss_mask.sum(-1) > 0).sum()))
+        norm_len = float(self.ctx.max_total_tokens)
+        self.policy.train()
+        # micro-batches of similar lengths waste less compute on padding; the global normalisation makes
+        # the loss independent of how sequences are grouped
+        batch = batch.select(self._length_order(batch))
+        for i in range(0, len(batch), self.micro):
+            mb = batch.select(slice(i, i + self.micro))
+            mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
+            with eng.accumulate(self.policy):
+                logp, ent, values = self._logprobs(
+                    self.policy, mb, self.cfg.log_entropy, self.req.value_head, algo.softmax_negatives
+                )
+                if self.req.old_logprobs and not self.old_pass:  # one update per batch: π_old is π_θ now
+                    mb.extras["old_logp"] = logp.detach()
+                    self._mismatch(mb.extras["old_logp"], mb)
+                loss_tok, metrics = algo.loss(logp, ent, mb, values)
+                self.samples.record(mb, logp)
+                w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
+                loss = (loss_tok * w).sum()
+                eng.backward(loss)
+                if eng.sync_gradients:
+                    # the norm is global: every process stops here together, never one alone
+                    grad_norm = eng.clip_grad_norm(self.policy)
+                    if not math.isfinite(grad_norm):
+                        bad = eng.take_nonfinite_loss()
+                        raise NonFiniteError(
+                            f"loss is {bad}" if bad is not None else f"gradient norm is {grad_norm}"
+                        )
+                    self._grad_norms.append(grad_norm)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad()
+            # metrics: global token means; pair metrics (one value per row) are means over the pairs
+            mean_w = w if self.req.rows == "pairs" else mb.loss_mask / max(g_tokens, 1.0)
+            sums["train/loss"] += float(loss.detach()) / (self.cfg.epochs * self.cfg.mini_batches)
+            for k, v in metrics.items():
+                sums[f"train/{k}"] += float((v.detach() * mean_w).sum()) / (
+                    self.cfg.epochs * self.cfg.mini_batches
+                )
+
+    def step(self, step: int) -> dict[str, float]:
+        """One training step, phase by phase: collect and mask, the no-grad passes (π_old, reference),
+        advantages, the optimizer updates, then the metrics. Every process issues the same collectives whatever
+        its data: the policy is gathered once for the whole collection, every process trains on the same
+        number of rows, and the metrics are reduced over a key set all processes agree on."""
+        t0 = time.perf_counter()
+        self.algo.step = step
+        trajs, batch, local = self._collect_batch(step)
+        t_collect = time.perf_counter() - t0
+        self._old_and_reference(batch, step)
+        with self.engine.phase("advantages", step):
+            local.update(self.algo.prepare(batch))
+        sums = self._updates(batch, step)
+        if self.req.old_logprobs:
+            # the sampler's log-probs against the trainer's recompute: stale or mismatched weights show here
+            local.update(self._mismatch_metrics())
+        if self.ctx.generator is not None:
+            self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
+        if self.pipeline is not None:  # the worker samples with these weights from its next decode step
+            self.pipeline.sync(self.engine.unwrap(self.policy), step + 1)
+        local.update(self._step_metrics(trajs, batch, sums, t_collect, t0))
+        out = self._reduce(local, step)
+        self.samples.finish(out)
+        return out
+
+    def _collect_batch(self, step: int) -> tuple[list[Trajectory], RolloutBatch, dict[str, float]]:
+        """This process's rows of step ``step`` (padded to the same count on every process), masked."""
+        eng = self.engine
+        indices = self.schedule.indices(step)[eng.rank :: eng.world_size]
+        with eng.phase("collect", step):
+            trajs, collect_metrics = self._collect(step, indices)
+            _debug_stall(eng, step, "collect")
+        trajs = self._pad(trajs)
+        batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
+        self.samples.start(step, trajs, batch)
+        self._sampler_diff = [0.0, 0.0, 0.0]  # |sampled − recomputed log-prob|: sum, tokens, max
+        self._corr_sums = defaultdict(float)
+        return trajs, batch, {**collect_metrics}
+
+    def _old_and_reference(self, batch: RolloutBatch, step: int) -> None:
+        """π_old's log-probs (and values) and the reference's, where the algorithm reads them, into extras."""
+        eng = self.engine
+        if self.old_pass:
+            with eng.phase("old log-probs", step):
+                batch.extras["old_logp"], old_values = self._no_grad_pass(
+                    self.policy, batch, self.req.value_head
+                )
+            if old_values is not None:
+                batch.extras["old_values"] = old_values
+            self._mismatch(batch.extras["old_logp"], batch)
+        if self.reference is not None:
+            with eng.phase("reference log-probs", step), self.reference.model() as ref:
+                batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)[0]
+
+    def _updates(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        """``epochs`` passes over the batch in ``mini_batches`` optimizer updates; the summed loss metrics."""
+        cfg = self.cfg
+        sums: dict[str, float] = defaultdict(float)
+        self._grad_norms = []
+        n = len(batch)
+        gen = torch.Generator().manual_seed(self.seed * 7919 + step)
+        with self.engine.phase("update", step):
+            for _ in range(cfg.epochs):
+                order = torch.randperm(n, generator=gen) if cfg.mini_batches > 1 else torch.arange(n)
+                if self.req.rows == "pairs" and cfg.mini_batches > 1:  # shuffle pairs, not rows
+                    pairs = torch.randperm(n // 2, generator=gen)
+                    order = torch.stack([2 * pairs, 2 * pairs + 1], 1).flatten()
+                for chunk in order.chunk(cfg.mini_batches):
+                    self._update(batch.select(chunk.tolist()), sums)
+        return sums
+
+    def _step_metrics(
+        self,
+        trajs: list[Trajectory],
+        batch: RolloutBatch,
+        sums: dict[str, float],
+        t_collect: float,
+        t0: float,
+    ) -> dict[str, float]:
+        """This process's share of the step's metrics (`searchrl.core.aggregate` values, reduced later)."""
+        local: dict[str, float] = {}
+        trained = batch.loss_mask.sum(-1) > 0  # rows with loss tokens (padding rows have none)
+        local.update({k: Sum(v) for k, v in sums.items()})  # shares of globally normalised means
+        if self._grad_norms:  # global already: every process holds the same value
+            local["train/grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
+        if self.ctx.generator is not None:  # online: rewards of fresh episodes (offline rows carry labels)
+            local["reward/mean"] = Mean(float(batch.rewards[trained].sum()), float(trained.sum()))
+        episodes = [t for t in trajs if t.state is not None]
+        if episodes:
+            from searchrl.core.answers import exact_match
+
+            em = sum(exact_match(t.answer or "", t.example.answers) for t in episodes)
+            local["train/em"] = Mean(em, len(episodes))
+        local.update(
+            {
+                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/sequences": Sum(float(trained.sum())),
+                "train/action_tokens": Sum(float(batch.loss_mask.sum())),
+                "time/collect_s": Max(t_collect),
+                "time/step_s": Max(time.perf_counter() - t0),
+            }
+        )
+        local.update(service_metrics())  # judge / summarizer requests and failures since the last step
+        return local
+
+    def _reduce(self, local: dict[str, float], step: int) -> dict[str, float]:
+        """The step's metrics over every process, with the ones derived from the reduced values."""
+        with self.engine.phase("metrics", step):
+            _debug_stall(self.engine, step, "metrics")
+            out = self.engine.reduce_metrics(local)
+        out["time/tokens_per_s"] = out["train/action_tokens"] / max(out["time/step_s"], 1e-9)
+        if (
+            "rollout_corr/w_sq_mean" in out
+        ):  # normalised effective sample size of the weights, (Σw)² / (n Σw²)
+            out["rollout_corr/ess"] = out["rollout_corr/w_mean"] ** 2 / max(
+                out["rollout_corr/w_sq_mean"], 1e-30
+            )
+        for k, v in out.items():  # totals over the run, equal on every process: all stop together
+            if k.startswith("service/"):
+                self._service_totals[k] = self._service_totals.get(k, 0.0) + v
+        check_failure_rates(self._service_totals)
+        return out
+
+    def _generation_session(self) -> Any:
+        """The policy gathered once for a whole collection (a ZeRO-3 collective), reused by every
+        generation call inside; nothing for offline algorithms."""
+        return self.engine.for_generation(self.policy) if self.ctx.generator is not None else nullcontext()
+
+    def _pad(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        """Exactly ``self.rows`` rows on every process: the same micro-batches, so the same collectives.
+        Missing rows are empty (no loss tokens, no reward, a group of their own)."""
+        if len(trajs) > self.rows:
+            raise RuntimeError(
+                f"algorithm '{self.algorithm}' returned {len(trajs)} training rows for a step, more "
+                f"than the {self.rows} it declared (requirements.samples_per_item x items per process)"
+            )
+        pad = self.tokenizer.pad_token_id
+        base = -1 - self.engine.rank * self.rows
+        return trajs + [
+            Trajectory(
+                trajs[0].example if trajs else None,  # type: ignore[arg-type]
+                [Segment("prompt", [pad, pad])],
+                group_id=base - j,
+            )
+            for j in range(self.rows - len(trajs))
+        ]
+
+
+def _debug_stall(eng: Engine, step: int, phase: str) -> None:
+    """Test hook for the collective timeout. ``SEARCHRL_DEBUG_DESYNC="RANK:STEP:PHASE:ACTION"`` makes that
+    process, at that step (counted from 1) and phase, either issue one collective the others do not
+    (ACTION ``extra``: the processes are out of step) or stall for a number of seconds (ACTION a number:
+    a stuck process). Either way the others must fail within the timeout, never hang."""
+    spec = os.environ.get("SEARCHRL_DEBUG_DESYNC")
+    if not spec:
+        return
+    rank, at, where, action = spec.split(":")
+    if int(rank) != eng.rank or int(at) != step + 1 or where != phase:
+        return
+    if action == "extra":
+        eng.sum(1.0)
+    else:
+        time.sleep(float(action))
