@@ -322,3 +322,37 @@ def test_groups_whose_rewards_differ_are_saved_first(tmp_path):
     rec = SampleRecorder(tmp_path, groups=3, every=1, tokenizer=None, enabled=True)
     rec.start(0, trajs, batch)  # then the all-equal ones, in batch order
     assert {r["group"] for r in rec.rows.values()} == {1, 3, 0}
+
+
+def test_serve_answers_on_loopback(tmp_path):
+    """`searchrl view FILE --serve 0`: the folder on 127.0.0.1 at a free port, until interrupted."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    f = tmp_path / "r.predictions.jsonl"
+    f.write_text(json.dumps(records([1])[0]) + "\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "searchrl", "view", str(f), "--serve", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = None
+        for _ in range(50):
+            line = proc.stdout.readline()
+            m = re.search(r"(http://127\.0\.0\.1:\d+/)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "no serving line"
+        with urllib.request.urlopen(url + "index.html", timeout=10) as r:
+            assert r.status == 200 and b"viewer.js" in r.read()
+        with urllib.request.urlopen(url + "data/main.js", timeout=10) as r:
+            assert r.read().startswith(b"window.SEARCHRL = ")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0  # Ctrl-C stops it cleanly

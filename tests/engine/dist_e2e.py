@@ -58,11 +58,23 @@ if "dist_e2e_ids" not in REWARDS:
 if "dist_e2e_text" not in JUDGES:
     JUDGES.add("dist_e2e_text", TextJudge)
 
-ONLINE = ("grpo", "grpo-full-logits", "grpo-packed", "grpo-lora", "ppo", "ppo-lora", "steppo", "slate")
+ONLINE = (
+    "grpo",
+    "grpo-full-logits",
+    "grpo-packed",
+    "grpo-balanced",
+    "grpo-lora",
+    "ppo",
+    "ppo-lora",
+    "steppo",
+    "slate",
+)
 CASES: dict[str, dict[str, Any]] = {
     "grpo": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}},
     "grpo-full-logits": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lean": False},
     "grpo-packed": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "packing": True},
+    # whole groups moved between the processes to even out their tokens (`trainer.balance_ranks`)
+    "grpo-balanced": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "balance": True},
     "grpo-lora": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lora": True},
     "ppo": {
         "algorithm": "ppo",
@@ -101,7 +113,7 @@ def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
     return over
 
 
-def trainer_config(steps: int = 3, lean: bool = True, packing: bool = False) -> Any:
+def trainer_config(steps: int = 3, lean: bool = True, packing: bool = False, balance: bool = False) -> Any:
     """Plain SGD without clipping, so that the update is the gradient itself and a wrong gradient shows
     in the weights (Adam's first step would hide its scale)."""
     from searchrl.core.config import TrainerConfig
@@ -116,6 +128,7 @@ def trainer_config(steps: int = 3, lean: bool = True, packing: bool = False) -> 
         save_every=10**6,
         lean_logprobs=lean,
         packing=packing,
+        balance_ranks=balance,
         log_entropy=True,
     )
 
@@ -157,7 +170,9 @@ def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: 
         algorithm=spec["algorithm"],
         algorithm_args=spec["args"],
         model_path=model,
-        cfg=trainer_config(steps, spec.get("lean", True), spec.get("packing", False)),
+        cfg=trainer_config(
+            steps, spec.get("lean", True), spec.get("packing", False), spec.get("balance", False)
+        ),
         out_dir=out,
         runtime=rt,
         records=records(rt, case),

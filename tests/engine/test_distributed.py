@@ -188,15 +188,19 @@ def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> N
     assert logged["reward/dist_e2e_ids"] == pytest.approx(sum(ids) / len(ids))
 
 
-@pytest.mark.parametrize("other", ["grpo-full-logits", "grpo-packed"])
+@pytest.mark.parametrize("other", ["grpo-full-logits", "grpo-packed", "grpo-balanced"])
 def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, other):
     """The same first step (same seed, so the same rollouts) with log-probs from the full logits and from
-    the lean path (output layer at action tokens only; under ZeRO-3 the layer's weight is gathered), and
-    with each micro-batch packed into one row (`trainer.packing`) against padded rows."""
+    the lean path (output layer at action tokens only; under ZeRO-3 the layer's weight is gathered), with
+    each micro-batch packed into one row (`trainer.packing`) against padded rows, and with whole groups moved
+    between the processes to balance their tokens (`trainer.balance_ranks`)."""
     _, out = run
     base, variant = ranks(out, "grpo")[0], ranks(out, other)[0]
     assert [t.token_ids for t in base["collected"]] == [t.token_ids for t in variant["collected"]]
     a, b = untimed(base["logged"][0]), untimed(variant["logged"][0])
+    if other == "grpo-balanced":
+        moved = {k: b.pop(k) for k in list(b) if k.startswith("balance/")}
+        assert moved["balance/tokens_max_over_mean"] <= moved["balance/tokens_max_over_mean_before"] + 1e-9
     assert a.keys() == b.keys()
     for k in a:
         assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-5), k

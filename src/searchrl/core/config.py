@@ -269,6 +269,13 @@ class TrainerConfig:
     # every pass's micro-batch as one row of its real tokens, no padding (`models.packing`): the same
     # log-probs, losses and gradients (to float rounding) for less compute when lengths differ
     packing: bool = False
+    # with packing: rows whose context (everything before their first trained token) is the same run it once
+    # (SLATE's and RAG-Gym's candidates of one step, a question's episodes; `models.prefix`), where the
+    # attention kernel takes a custom mask (SDPA, eager) and it costs less than separate rows
+    share_prefix: bool = True
+    # several processes: after the collection, whole groups move between processes so that each trains on a
+    # similar number of tokens (`engine.balance`); the update is the same, the slowest process less slow
+    balance_ranks: bool = False
     tensorboard: bool = False
     wandb_project: str | None = None
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"

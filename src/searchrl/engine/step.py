@@ -22,11 +22,13 @@ from searchrl.core.functional import token_entropy, token_logprobs, token_weight
 from searchrl.core.masking import build_batch
 from searchrl.core.serving import check_failure_rates, service_metrics
 from searchrl.core.types import RolloutBatch, Segment, Trajectory
+from searchrl.engine.balance import balance
 from searchrl.engine.engine import Engine, NonFiniteError
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule
-from searchrl.models.packing import pack
+from searchrl.models.packing import Packed, pack
 from searchrl.models.policy import Reference, forward, forward_lean
+from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
 
 
 class TrainingStep:
@@ -68,9 +70,10 @@ class TrainingStep:
         run as one packed row (`models.packing`) and the results are scattered back."""
         ids, mask, pos = batch.input_ids, batch.loss_mask, None
         attn: torch.Tensor | None = batch.attention_mask
-        packed = pack(ids, batch.attention_mask, mask) if self.cfg.packing else None
+        packed = self._pack(model, batch) if self.cfg.packing else None
         if packed is not None:
-            ids, attn, mask, pos = packed.input_ids, None, packed.loss_mask, packed.position_ids
+            ids, mask, pos = packed.input_ids, packed.loss_mask, packed.position_ids
+            attn = packed.attention
         if self.cfg.lean_logprobs:
             logp, ent, v = forward_lean(
                 model, ids, attn, mask, self.temperature, entropy, values, negatives, position_ids=pos
@@ -85,6 +88,18 @@ class TrainingStep:
         if packed is None:
             return logp, ent, v
         return tuple(None if x is None else packed.unpack(x) for x in (logp, ent, v))  # type: ignore[return-value]
+
+    def _pack(self, model: Any, batch: RolloutBatch) -> Packed:
+        """The micro-batch packed (`models.packing`), rows with the same context sharing it where the model's
+        attention kernel takes a custom mask (``trainer.share_prefix``, `models.prefix`)."""
+        ids, attn, mask = batch.input_ids, batch.attention_mask, batch.loss_mask
+        kind = prefix_mask_kind(model) if self.cfg.share_prefix else None
+        shared = pack_shared(ids, attn, mask) if kind is not None else None
+        if shared is None or shared.attention is None or kind is None:
+            return pack(ids, attn, mask)
+        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        shared.attention = attention_for(shared.attention, kind, dtype)
+        return shared
 
     @torch.no_grad()
     def _no_grad_pass(
@@ -231,6 +246,9 @@ class TrainingStep:
         with eng.phase("collect", step):
             trajs, collect_metrics = self._collect(step, indices)
             _debug_stall(eng, step, "collect")
+        if self.cfg.balance_ranks:  # whole groups moved to even out the processes' tokens (`engine.balance`)
+            trajs, moved = balance(trajs, eng, self.rows)
+            collect_metrics = {**collect_metrics, **moved}
         trajs = self._pad(trajs)
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
         self.samples.start(step, trajs, batch)

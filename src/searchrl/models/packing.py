@@ -29,6 +29,9 @@ class Packed:
     index: torch.Tensor  # (N,) flat positions of the real tokens in (B · T)
     src: torch.Tensor  # (N,) their flat positions in (R · C)
     shape: tuple[int, int]  # (B, T)
+    # (R, 1, C, C) boolean, True where a query may attend to a key: set by `models.prefix.pack_shared` (shared
+    # contexts need a custom mask); None: transformers builds the block-diagonal mask from the positions
+    attention: torch.Tensor | None = None
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """(R, C) -> (B, T), 0 at padding."""

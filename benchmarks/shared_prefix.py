@@ -1,0 +1,152 @@
+"""Shared contexts (`trainer.share_prefix`, `models.prefix`) on SLATE's training batch: k candidate actions
+of one step from each recorded state, against the padded pass and plain packing (`trainer.packing` alone).
+Tokens/s of a forward + backward of the lean log-prob path, tokens the model actually runs, peak memory.
+
+    python benchmarks/shared_prefix.py --model runs/quickstart/sft/final \
+        --episodes runs/quickstart/eval/grpo-test.predictions.jsonl [--states 16] [--k 5] [--micro 20]
+
+States are prefixes of real evaluation transcripts (tokenized with the model's tokenizer, cut at a random
+point after the question); each candidate adds an action of 8-48 tokens (the quickstart's max_new_tokens is
+48), all trained. Micro-batches keep a state's candidates together, as the trainer's length order does for
+equal states. Each configuration runs in its own process, so its peak resident memory is its own. Writes
+benchmarks/results/shared-prefix-NAME.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+MODES = ("padded", "packed", "shared")
+
+
+def batch_of(model: str, episodes: str, states: int, k: int, seed: int) -> list[tuple[int, int, int]]:
+    """(state, context tokens, action tokens) for ``states`` x ``k`` candidates."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    recs = [json.loads(line) for line in Path(episodes).read_text().splitlines() if line.strip()]
+    rng = random.Random(seed)
+    rng.shuffle(recs)
+    out = []
+    for state, r in enumerate((recs * (states // max(len(recs), 1) + 1))[:states]):
+        n = len(tok(r.get("transcript") or "".join(s["text"] for s in r["segments"]))["input_ids"])
+        q = len(tok("Question: " + r["question"])["input_ids"])
+        ctx = rng.randint(min(q + 1, n), n)
+        out += [(state, ctx, rng.randint(8, 48)) for _ in range(k)]
+    return out
+
+
+def one(model_dir: str, rows: list[tuple[int, int, int]], micro: int, mode: str, repeats: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from searchrl.core.functional import masked_sum
+    from searchrl.models.lean_head import add_lean_head
+    from searchrl.models.packing import pack
+    from searchrl.models.policy import forward_lean
+    from searchrl.models.prefix import attention_for, pack_shared
+
+    torch.manual_seed(0)
+    model = add_lean_head(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
+    kind = model.config._attn_implementation
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    contexts: dict[int, torch.Tensor] = {}
+    batches = []
+    for i in range(0, len(rows), micro):
+        chunk = rows[i : i + micro]
+        T = max(c + a for _, c, a in chunk)
+        ids = torch.zeros(len(chunk), T, dtype=torch.long)
+        attn, mask = torch.zeros_like(ids), torch.zeros(len(chunk), T)
+        for b, (state, c, a) in enumerate(chunk):
+            ctx = contexts.setdefault(
+                state, torch.randint(3, vocab, (c,), generator=g)
+            )  # a state's candidates
+            ids[b, :c], ids[b, c : c + a] = ctx, torch.randint(3, vocab, (a,), generator=g)
+            attn[b, : c + a], mask[b, c : c + a] = 1, 1
+        batches.append((ids, attn, mask))
+    run_tokens = 0
+    times = []
+    for _ in range(repeats + 1):  # the first round warms up
+        t0, run_tokens = time.perf_counter(), 0
+        for ids, attn, mask in batches:
+            if mode == "padded":
+                lp, _, _ = forward_lean(model, ids, attn, mask, 1.0)
+                m, run_tokens = mask, run_tokens + ids.numel()
+            else:
+                p = pack_shared(ids, attn, mask) if mode == "shared" else None
+                p = p or pack(ids, attn, mask)
+                a = None if p.attention is None else attention_for(p.attention, kind, torch.float32)
+                lp, _, _ = forward_lean(model, p.input_ids, a, p.loss_mask, 1.0, position_ids=p.position_ids)
+                m, run_tokens = p.loss_mask, run_tokens + p.input_ids.numel()
+            masked_sum(lp, m).backward()
+        times.append(time.perf_counter() - t0)
+    real = sum(c + a for _, c, a in rows)
+    best = min(times[1:])
+    return {
+        "mode": mode,
+        "real_tokens": real,
+        "tokens_run": run_tokens,
+        "s_per_pass": best,
+        "tokens_per_s": real / best,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--episodes", required=True, help="a NAME.predictions.jsonl (its transcripts' lengths)")
+    p.add_argument("--states", type=int, default=16, help="recorded states in the batch")
+    p.add_argument("--k", type=int, default=5, help="candidates per state (SLATE's k)")
+    p.add_argument("--micro", type=int, default=20, help="trainer.micro_batch_size")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default="quickstart")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        spec = json.loads(a.child)
+        print(json.dumps(one(a.model, spec["rows"], a.micro, spec["mode"], a.repeats)))
+        return
+    rows = batch_of(a.model, a.episodes, a.states, a.k, a.seed)
+    results = []
+    for mode in MODES:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--model",
+            a.model,
+            "--episodes",
+            a.episodes,
+            "--micro",
+            str(a.micro),
+        ]
+        cmd += ["--repeats", str(a.repeats), "--child", json.dumps({"rows": rows, "mode": mode})]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        r = json.loads(out)
+        results.append(r)
+        print(
+            f"{mode:7s}: {r['tokens_per_s']:.0f} tok/s, {r['s_per_pass']:.2f} s/pass, {r['tokens_run']} tokens "
+            f"run for {r['real_tokens']} real, peak RSS {r['peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
+    summary = {"model": a.model, "states": a.states, "k": a.k, "micro": a.micro, "results": results}
+    out_file = Path(a.out) / f"shared-prefix-{a.name}.json"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(summary, indent=1))
+    print(f"wrote {out_file}")
+
+
+if __name__ == "__main__":
+    main()
