@@ -135,15 +135,23 @@ def test_long_episodes_are_not_starved(exp):
     steps = 4
     p, policy = pipeline(exp, steps, 3, batch=3, group=2)
     p.start()
-    lengths, got = [], []
+    lengths, got, buckets = [], [], set()
     try:
         for i in range(steps):
-            trajs, _ = p.take(i)
+            trajs, m = p.take(i)
             got.append(sorted(t.group_id for t in trajs))
             lengths += [len(t) for t in trajs]
+            # by number of actions: every episode finished and is trained on, none older than the cap
+            done = {k: float(v) for k, v in m.items() if k.startswith("async/completed_frac/")}
+            assert done and all(v == 1.0 for v in done.values()), done
+            stale = {k: float(v) for k, v in m.items() if k.startswith("async/episode_staleness/")}
+            assert stale.keys() == {k.replace("completed_frac", "episode_staleness") for k in done}
+            assert all(0 <= v <= 3 for v in stale.values()), stale
+            buckets |= {k.rsplit("/", 1)[1] for k in done}
             p.sync(policy, i + 1)
     finally:
         p.close()
+    assert len(buckets) >= 2  # episodes of several lengths were measured
     assert got == [
         sorted([(i * 3 + k) % len(p.examples) for k in range(3) for _ in range(2)]) for i in range(4)
     ]

@@ -102,6 +102,22 @@ class _Batch:
     t0: float = field(default_factory=time.perf_counter)
 
 
+def starvation(trajs: list[Trajectory], oldest_of: list[int]) -> dict[str, float]:
+    """Whether long episodes wait longer or are left out (peers' bug: tinker-cookbook #822, verl #6780): by
+    the episode's number of actions (1, 2, 3+), the share of the step's episodes that finished and are
+    trained on, and the staleness of their oldest token. Combined over processes as means."""
+    out: dict[str, float] = {}
+    buckets: dict[str, list[int]] = {}
+    for i, t in enumerate(trajs):
+        n = len(t.steps)
+        buckets.setdefault("3+" if n >= 3 else str(n), []).append(i)
+    for name, idx in sorted(buckets.items()):
+        done = sum(bool(st is not None and st.done) for st in (trajs[i].state for i in idx))
+        out[f"async/completed_frac/{name}_actions"] = Mean(done, len(idx))
+        out[f"async/episode_staleness/{name}_actions"] = Mean(sum(oldest_of[i] for i in idx), len(idx))
+    return out
+
+
 class AsyncRollout:
     """Episodes of step ``step``'s questions, ``group_size`` per question, produced ahead by a worker thread
     on a copy of the policy. ``indices(step)`` gives the step's training items, ``examples`` the questions."""
@@ -177,6 +193,7 @@ class AsyncRollout:
             "async/admitted_lag": Max(step - batch.admitted_version),  # versions between start and training
             "async/wait_s": Max(waited),  # the trainer waiting for this step's longest episode
             "async/episode_age_s": Max(time.perf_counter() - batch.t0),  # admission to training
+            **starvation(batch.trajs, oldest_of=[step - min(vs) if vs else 0 for vs in versions]),
         }
         return batch.trajs, metrics
 
