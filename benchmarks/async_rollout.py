@@ -4,7 +4,10 @@ with the quickstart's retriever as is and with 50 ms added to every retrieval ca
     python benchmarks/async_rollout.py --model runs/quickstart/sft/final --steps 6 --out benchmarks/results/async.json
 
 Per setting: seconds per step and generated tokens per second end to end (the first step, a warm-up, is not
-counted), and the trainer's wait for episodes. ``--pin``: torch single-threaded, the trainer's thread on core
+counted), the trainer's wait for episodes, and the rollout worker's own generated tokens per second of its busy
+time (decode and environment), against our own plain decode (`rollout_overhead.own_plain`, no environment) of
+the rollout batch's rows (``rollout.batch_size``) for as many tokens each as the synchronous run's episodes
+generated on average. ``--pin``: torch single-threaded, the trainer's thread on core
 0 and the rollout worker's on core 1 (Linux affinity is per thread); the synchronous run then has one core.
 Without it every setting shares the machine's cores.
 """
@@ -66,7 +69,7 @@ def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group:
         runtime=rt,
         seed=0,
     )
-    times, tokens, waits, stale = [], [], [], []
+    times, tokens, waits, stale, worker = [], [], [], [], []
     try:
         for s in range(steps):
             t = time.perf_counter()
@@ -75,6 +78,7 @@ def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group:
             tokens.append(m["rollout/tokens_generated"])
             waits.append(m.get("async/wait_s", m["time/collect_s"]))
             stale.append(m.get("async/staleness_mean", 0.0))
+            worker.append(m.get("async/worker_tokens_per_s", 0.0))
     finally:
         if tr.pipeline is not None:
             tr.pipeline.close()
@@ -86,8 +90,30 @@ def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group:
         "tokens_per_s": sum(n) / sum(t),
         "wait_for_episodes_s": statistics.mean(waits[1:]),
         "staleness_mean": statistics.mean(stale[1:]),
+        # the worker's generated tokens per second of its own busy time (decode + environment), over the run
+        "worker_tokens_per_s": worker[-1] if staleness else None,
+        "tokens_per_episode": sum(n) / (len(n) * questions * group),
         "steps_timed": len(t),
     }
+
+
+def plain_decode(model: str, exp: Any, rows: int, n: int, pin: bool) -> float:
+    """Our own decode loop's tokens/s (`rollout_overhead.own_plain`: no environment, no stops) for ``rows``
+    rows of ``n`` tokens from the training questions' prompts, on the worker's core when pinned."""
+    from rollout_overhead import own_plain
+
+    from searchrl.models import load_model_and_tokenizer
+    from searchrl.rollout.loop import encode
+
+    if pin:
+        os.sched_setaffinity(0, {1})
+    policy, tok = load_model_and_tokenizer(model)
+    rt = Runtime(exp)
+    env = rt.env()
+    prompts = [encode(tok, env.reset(ex).prompt) for ex in rt.examples("train")[:rows]]
+    own_plain(policy, tok, prompts, 4, exp.rollout.temperature)  # warm-up
+    s = own_plain(policy, tok, prompts, n, exp.rollout.temperature)
+    return rows * n / s
 
 
 def main() -> None:
@@ -119,7 +145,17 @@ def main() -> None:
             row = run(exp, args.model, args.steps, k, latency, args.group, args.questions)
             print(json.dumps(row))
             rows.append(row)
+    sync = next(r for r in rows if r["max_staleness"] == 0)
+    n = max(1, round(sync["tokens_per_episode"]))
+    plain = plain_decode(args.model, exp, exp.rollout.batch_size, n, args.pin)
+    for row in rows:
+        if row["worker_tokens_per_s"] is not None:
+            row["worker_vs_plain"] = row["worker_tokens_per_s"] / plain
+    print(json.dumps({"plain_decode_tokens_per_s": plain, "rows": exp.rollout.batch_size, "tokens_each": n}))
     out = {
+        "plain_decode_tokens_per_s": plain,
+        "plain_decode_rows": exp.rollout.batch_size,
+        "plain_decode_tokens_each": n,
         "model": args.model,
         "cpu": os.cpu_count(),
         "pinned": args.pin,

@@ -148,6 +148,8 @@ def test_long_episodes_are_not_starved(exp):
             assert stale.keys() == {k.replace("completed_frac", "episode_staleness") for k in done}
             assert all(0 <= v <= 3 for v in stale.values()), stale
             buckets |= {k.rsplit("/", 1)[1] for k in done}
+            # the worker's own throughput so far: it generated these tokens while busy
+            assert float(m["async/worker_tokens_per_s"]) > 0 and float(m["async/worker_busy_s"]) >= 0
             p.sync(policy, i + 1)
     finally:
         p.close()

@@ -127,7 +127,7 @@ class SampleRecorder:
             rec = self.rows[r]
             rec.update(
                 ids=ids,
-                tokens=[self.tokenizer.decode([t]) for t in ids],
+                tokens=self.tokenizer.batch_decode([[t] for t in ids]),  # each token's own text
                 loss_mask=[int(x) for x in mb.loss_mask[b, :n].tolist()],
                 logp_sampled=_floats(mb.sampled_logprobs[b, :n]),
                 logp=_floats(logp[b, :n]),

@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import torch
 
-from searchrl.core.aggregate import Max, Mean
+from searchrl.core.aggregate import Max, Mean, Sum
 from searchrl.core.types import Trajectory
 from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
@@ -163,6 +163,9 @@ class AsyncRollout:
         self._done: dict[int, _Batch] = {}
         self._error: BaseException | None = None
         self._stop = False
+        # the worker's own throughput: seconds it spent decoding and stepping the environment (not waiting for
+        # the cap or the trainer's weights) and the action tokens it generated
+        self.busy_s, self.tokens, self._reported_busy = 0.0, 0, 0.0
         self._thread = threading.Thread(target=self._run, name="searchrl-rollout", daemon=True)
 
     # ------------------------------------------------------------------------------------- trainer side
@@ -195,6 +198,12 @@ class AsyncRollout:
             "async/episode_age_s": Max(time.perf_counter() - batch.t0),  # admission to training
             **starvation(batch.trajs, oldest_of=[step - min(vs) if vs else 0 for vs in versions]),
         }
+        busy, tokens = self.busy_s, self.tokens
+        # over the run so far (a worker ahead of the trainer may have been idle since the last step): the
+        # worker's generated tokens per second of its own busy time, summed over the processes' workers
+        metrics["async/worker_tokens_per_s"] = Sum(tokens / max(busy, 1e-9))
+        metrics["async/worker_busy_s"] = Max(busy - self._reported_busy)  # since the last step
+        self._reported_busy = busy
         return batch.trajs, metrics
 
     def sync(self, policy: torch.nn.Module, version: int) -> None:
@@ -271,13 +280,19 @@ class AsyncRollout:
             while self._sync_waiting.is_set():  # the trainer is shipping weights: let it in first
                 time.sleep(0.0005)
             with self._weights:
+                t0 = time.perf_counter()
                 stream.version = self.version
                 self._admit(stream, batches)
                 if len(stream):
-                    waiting += stream.step()
+                    ended = stream.step()
+                    self.tokens += sum(len(g.token_ids) for _, g in ended)
+                    waiting += ended
                     waited += bool(waiting)
+                self.busy_s += time.perf_counter() - t0
             if waiting and (waited > self.window or not len(stream)):
+                t0 = time.perf_counter()
                 self._step_env(stream, waiting, batches)
+                self.busy_s += time.perf_counter() - t0
                 waiting, waited = [], 0
 
     def _step_env(
