@@ -94,6 +94,15 @@ def one(
     }
 
 
+def in_own_process(script: str, a: argparse.Namespace, spec: str) -> dict:
+    """``script --child SPEC`` with the run's model, episodes, micro-batch size and repeats, in a process of
+    its own (so that its peak resident memory is its own): the JSON of its last output line."""
+    cmd = [sys.executable, script, "--model", a.model, "--episodes", a.episodes, "--micro", str(a.micro)]
+    cmd += ["--repeats", str(a.repeats), "--child", spec]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
@@ -115,26 +124,7 @@ def main() -> None:
     for order in ("shuffled", "sorted"):
         for packed in (False, True):
             spec = json.dumps({"lens": lens, "order": order, "packed": packed})
-            cmd = [
-                sys.executable,
-                __file__,
-                "--model",
-                a.model,
-                "--episodes",
-                a.episodes,
-                "--micro",
-                str(a.micro),
-                "--repeats",
-                str(a.repeats),
-                "--child",
-                spec,
-            ]
-            out = (
-                subprocess.run(cmd, check=True, capture_output=True, text=True)
-                .stdout.strip()
-                .splitlines()[-1]
-            )
-            results.append(json.loads(out))
+            results.append(in_own_process(__file__, a, spec))
             r = results[-1]
             print(
                 f"{order:9s} {'packed' if packed else 'padded'}: {r['tokens_per_s']:.0f} tok/s, "

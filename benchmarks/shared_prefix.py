@@ -18,7 +18,6 @@ import argparse
 import json
 import random
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -115,6 +114,8 @@ def main() -> None:
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
+    from packing import in_own_process  # benchmarks/packing.py, beside this script
+
     if a.child:
         spec = json.loads(a.child)
         print(json.dumps(one(a.model, spec["rows"], a.micro, spec["mode"], a.repeats)))
@@ -122,19 +123,7 @@ def main() -> None:
     rows = batch_of(a.model, a.episodes, a.states, a.k, a.seed)
     results = []
     for mode in MODES:
-        cmd = [
-            sys.executable,
-            __file__,
-            "--model",
-            a.model,
-            "--episodes",
-            a.episodes,
-            "--micro",
-            str(a.micro),
-        ]
-        cmd += ["--repeats", str(a.repeats), "--child", json.dumps({"rows": rows, "mode": mode})]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        r = json.loads(out)
+        r = in_own_process(__file__, a, json.dumps({"rows": rows, "mode": mode}))
         results.append(r)
         print(
             f"{mode:7s}: {r['tokens_per_s']:.0f} tok/s, {r['s_per_pass']:.2f} s/pass, {r['tokens_run']} tokens "

@@ -52,17 +52,14 @@ def _load(tiny_model_dir, lora=False):
     return m
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_packed_equals_padded_logprobs_values_and_gradients(tiny_model_dir, lora):
-    model = PolicyWithValue(_load(tiny_model_dir, lora))
-    torch.nn.init.normal_(model.value_head.weight, std=0.1)
-    ids, attn, loss = right_padded(model.config.vocab_size, [40, 9, 27, 33], seed=1)
-    p = pack(ids, attn, loss)
+def padded_and_packed(model, ids, attn, loss, p, mask):
+    """Log-probs (temperature 0.7), values and gradients of a value-headed model on the padded batch and on
+    its packing ``p`` (``mask``: the packed rows' 4-D attention mask, or None for position-id packing)."""
 
     def run(packed):
         model.zero_grad()
         if packed:
-            logits, v = forward(model, p.input_ids, None, values=True, position_ids=p.position_ids)
+            logits, v = forward(model, p.input_ids, mask, values=True, position_ids=p.position_ids)
             lp = p.unpack(token_logprobs(logits, p.input_ids, 0.7, mask=p.loss_mask))
             v = p.unpack(v)
         else:
@@ -72,8 +69,16 @@ def test_packed_equals_padded_logprobs_values_and_gradients(tiny_model_dir, lora
         grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
         return lp.detach(), (v * loss).detach(), grads
 
-    lp0, v0, g0 = run(False)
-    lp1, v1, g1 = run(True)
+    return run(False), run(True)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_packed_equals_padded_logprobs_values_and_gradients(tiny_model_dir, lora):
+    model = PolicyWithValue(_load(tiny_model_dir, lora))
+    torch.nn.init.normal_(model.value_head.weight, std=0.1)
+    ids, attn, loss = right_padded(model.config.vocab_size, [40, 9, 27, 33], seed=1)
+    p = pack(ids, attn, loss)
+    (lp0, v0, g0), (lp1, v1, g1) = padded_and_packed(model, ids, attn, loss, p, None)
     assert (lp0 - lp1).abs().max() < 1e-5 and (v0 - v1).abs().max() < 1e-5
     assert g0.keys() == g1.keys() and g0
     # gradients summed over ~100 tokens: equal to 1e-5 of each tensor's largest entry (float32 sums reordered)
@@ -200,24 +205,8 @@ def test_shared_context_equals_padded(tiny_model_dir, lora, kind):
     p = pack_shared(ids, attn, loss)
     assert len(set(p.src.tolist())) == attn.sum() - 3 * 29  # the context ran once for its four rows
 
-    def run(packed):
-        model.zero_grad()
-        if packed:
-            mask = attention_for(p.attention, kind, torch.float32)
-            logits, v = forward(model, p.input_ids, mask, values=True, position_ids=p.position_ids)
-            lp = p.unpack(token_logprobs(logits, p.input_ids, 0.7, mask=p.loss_mask))
-            v = p.unpack(v)
-        else:
-            logits, v = forward(model, ids, attn, values=True)
-            lp = token_logprobs(logits, ids, 0.7, mask=loss)
-        ((lp * loss).sum() + (v * loss).pow(2).sum()).backward()
-        return (
-            lp.detach(),
-            (v * loss).detach(),
-            {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None},
-        )
-
-    (lp0, v0, g0), (lp1, v1, g1) = run(False), run(True)
+    mask = attention_for(p.attention, kind, torch.float32)
+    (lp0, v0, g0), (lp1, v1, g1) = padded_and_packed(model, ids, attn, loss, p, mask)
     assert (lp0 - lp1).abs().max() < 1e-5 and (v0 - v1).abs().max() < 1e-5
     assert g0.keys() == g1.keys() and g0
     assert max(float((g0[k] - g1[k]).abs().max() / g0[k].abs().max().clamp(min=1e-6)) for k in g0) < 1e-5

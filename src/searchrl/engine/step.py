@@ -95,7 +95,7 @@ class TrainingStep:
         ids, attn, mask = batch.input_ids, batch.attention_mask, batch.loss_mask
         kind = prefix_mask_kind(model) if self.cfg.share_prefix else None
         shared = pack_shared(ids, attn, mask) if kind is not None else None
-        if shared is None or shared.attention is None or kind is None:
+        if kind is None or shared is None or shared.attention is None:  # no kernel for the mask, or no gain
             return pack(ids, attn, mask)
         dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
         shared.attention = attention_for(shared.attention, kind, dtype)
