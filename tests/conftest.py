@@ -147,6 +147,18 @@ def qwen_tokenizer_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen3_tok(tmp_path_factory):
+    """Qwen3's tokenizer (Qwen2.5's vocabulary, four more tokens, its chat template), by `searchrl tokenizer qwen3`."""
+    from transformers import AutoTokenizer
+
+    from searchrl.app.cli import main
+
+    out = tmp_path_factory.mktemp("qwen3-tokenizer")
+    main(["tokenizer", "qwen3", "--out", str(out)])
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+@pytest.fixture(scope="session")
 def qwen_tok(qwen_tokenizer_dir):
     from transformers import AutoTokenizer
 

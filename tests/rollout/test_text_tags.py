@@ -101,22 +101,10 @@ class VocabMap(torch.nn.Module):
         return out
 
 
-@pytest.fixture(scope="module")
-def fragment_model(qwen_tok):
-    """Trained for a moment on synthetic action transcripts, so that sampling from it writes tags split and
-    glued in many ways."""
+def fit_vocab_map(samples: list[list[int]], steps: int) -> VocabMap:
+    """A `VocabMap` over the ids in ``samples`` (rows of Qwen2.5 ids), trained on them for ``steps`` steps."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    rng = random.Random(0)
-    obs = "\n\n<information>doc</information>\n\n"
-    samples = [[*split_ids(qwen_tok, "Question: q\n", rng)] for _ in range(400)]
-    for row in samples:
-        for _ in range(2):
-            row += (
-                split_ids(qwen_tok, action_text(rng), rng)
-                + qwen_tok(obs, add_special_tokens=False)["input_ids"]
-            )
-        row.append(151645)
     known = sorted({i for row in samples for i in row})
     torch.manual_seed(0)
     cfg = Qwen2Config(
@@ -134,7 +122,7 @@ def fragment_model(qwen_tok):
     ids = torch.tensor([r + [151643] * (T - len(r)) for r in samples])
     mask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in samples])
     small = model.to_small[ids]  # train the inner model on its own vocabulary: fast
-    for _ in range(150):
+    for _ in range(steps):
         b = torch.randint(0, len(samples), (32,))
         logits = model.inner(input_ids=small[b], attention_mask=mask[b]).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(
@@ -145,6 +133,23 @@ def fragment_model(qwen_tok):
         opt.step()
         opt.zero_grad()
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def fragment_model(qwen_tok):
+    """Trained for a moment on synthetic action transcripts, so that sampling from it writes tags split and
+    glued in many ways."""
+    rng = random.Random(0)
+    obs = "\n\n<information>doc</information>\n\n"
+    samples = [[*split_ids(qwen_tok, "Question: q\n", rng)] for _ in range(400)]
+    for row in samples:
+        for _ in range(2):
+            row += (
+                split_ids(qwen_tok, action_text(rng), rng)
+                + qwen_tok(obs, add_special_tokens=False)["input_ids"]
+            )
+        row.append(151645)
+    return fit_vocab_map(samples, steps=150)
 
 
 def test_tags_are_text_in_this_vocabulary(qwen_tok):

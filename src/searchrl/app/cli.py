@@ -84,9 +84,9 @@ def _add_build_model(sub: Any) -> None:
 
 def _add_tokenizer(sub: Any) -> None:
     k = sub.add_parser(
-        "tokenizer", help="write a real model's tokenizer offline (Qwen2.5's, from the qwen extra)"
+        "tokenizer", help="write a real model's tokenizer offline (Qwen2.5's or Qwen3's, from the qwen extra)"
     )
-    k.add_argument("name", choices=["qwen2.5"])
+    k.add_argument("name", choices=["qwen2.5", "qwen3"])
     k.add_argument("--out", required=True, type=Path)
     k.set_defaults(fn=commands.cmd_tokenizer)
 
@@ -116,6 +116,12 @@ def _add_serve_retriever(sub: Any) -> None:
     s.add_argument("--max-topk", type=_positive(int), default=100, help="documents per query, at most")
     s.add_argument(
         "--timeout", type=_positive(float), default=60.0, help="seconds a request may take (then HTTP 504)"
+    )
+    s.add_argument(
+        "--mcp",
+        choices=["stdio", "http"],
+        help="serve it as an MCP server with a `search` tool instead (the mcp extra): over stdin/stdout, or "
+        "streamable HTTP at http://HOST:PORT/mcp",
     )
     s.set_defaults(fn=commands.cmd_serve)
 

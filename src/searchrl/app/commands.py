@@ -125,10 +125,21 @@ def cmd_serve(args: argparse.Namespace) -> None:
             f"--index {args.index}: {'is not a directory' if Path(args.index).exists() else 'not found'}; "
             "pass the directory `searchrl index --out DIR` wrote"
         )
-    _check_port(args.port)
+    if args.mcp != "stdio":
+        _check_port(args.port)
     retriever = build_retriever(
         args.retriever, corpus=args.corpus, index=args.index, **_retriever_kwargs(args.retriever, args.arg)
     )
+    if args.mcp is not None:  # stdout is the protocol's channel under stdio: messages go to stderr
+        from searchrl.envs.mcp import serve_retriever_mcp
+
+        if args.mcp == "http":
+            print(
+                f"serving {args.retriever} as MCP on http://{args.host}:{args.port}/mcp (Ctrl-C to stop)",
+                file=sys.stderr,
+            )
+        serve_retriever_mcp(retriever, args.mcp, args.host, args.port)
+        return
     server = make_server(
         retriever,
         args.host,

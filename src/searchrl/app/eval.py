@@ -221,9 +221,7 @@ def run_policy(
     from searchrl.rollout.hf import HFGenerator
     from searchrl.rollout.loop import rollout
 
-    gen = HFGenerator(
-        None, tokenizer, env.tags.stop_strings, batch_size=batch_size, model_context=model_context
-    )
+    gen = HFGenerator(None, tokenizer, env.stop_strings, batch_size=batch_size, model_context=model_context)
     trajs, _ = rollout(
         examples, env, gen, tokenizer, SamplingParams(temperature, 1.0, max_new_tokens), 1, max_total_tokens
     )
@@ -254,7 +252,7 @@ def run_best_of_n(
     gen = HFGenerator(
         None,
         tokenizer,
-        env.tags.stop_strings,
+        env.stop_strings,
         batch_size=batch_size,
         model_context=lambda: nullcontext(policy),
     )

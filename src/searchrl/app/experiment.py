@@ -131,10 +131,40 @@ def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
             )
 
 
+def _check_tool_protocol(exp: Experiment, source: str) -> None:
+    """``env.protocol: tools``: a chat prompt, the react design, and tool specs that name known tools."""
+    from searchrl.envs.tags import CHAT_TEMPLATES
+    from searchrl.envs.tool_specs import check_tool_specs
+
+    e = exp.env
+    if e.protocol != "tools":
+        return
+    if e.template not in CHAT_TEMPLATES:
+        raise ConfigError(
+            "the tool protocol renders the prompt through the model's chat template: it needs a chat prompt",
+            file=source,
+            key="env.template",
+            value=e.template,
+            choices=list(CHAT_TEMPLATES),
+        )
+    if e.agent != "react":
+        raise ConfigError(
+            "the tool protocol's agent searches in turns (react)",
+            file=source,
+            key="env.agent",
+            value=e.agent,
+            choices=["react"],
+        )
+    if e.max_tool_calls < 1:
+        raise ConfigError("must be at least 1", file=source, key="env.max_tool_calls", value=e.max_tool_calls)
+    check_tool_specs(e.tools, source)
+
+
 def _check_env_arguments(exp: Experiment, source: str) -> None:
-    """The retriever's and the summarizer's arguments against their parameters."""
+    """The retriever's and the summarizer's arguments against their parameters; the tool protocol."""
     from searchrl.envs.retrievers import retriever_arguments
 
+    _check_tool_protocol(exp, source)
     known = retriever_arguments(exp.env.retriever.name)
     for arg in exp.env.retriever.args:
         if known is not None and arg not in known:

@@ -196,7 +196,7 @@ def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
     gen = HFGenerator(
         policy.eval(),
         tok,
-        rt.env().tags.stop_strings,
+        rt.env().stop_strings,
         batch_size=exp.rollout.batch_size,
         continuous=exp.rollout.loop == "episode",
     )

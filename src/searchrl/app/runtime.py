@@ -18,7 +18,7 @@ from searchrl.envs.retrievers import build_retriever
 from searchrl.envs.retrievers.base import Retriever
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.world import World
-from searchrl.envs.tags import ALL_TAG_STRINGS, CHAT_TEMPLATES, TEMPLATES
+from searchrl.envs.tags import ALL_TAG_STRINGS, CHAT_TEMPLATES, TEMPLATES, TOOL_TAG_STRINGS
 
 
 class Runtime:
@@ -89,8 +89,12 @@ class Runtime:
         spec = self.exp.env.summarizer
         return SUMMARIZERS.get(spec.name)(**spec.args) if spec is not None else None
 
-    def env(self) -> SearchEnv:
+    def env(self, chat_format: Any = None) -> SearchEnv:
+        """The configured environment. ``chat_format``: the tool protocol's `ChatFormat` (default: the
+        model's tokenizer's)."""
         e = self.exp.env
+        if e.protocol == "tools":
+            return self.tool_env(chat_format)
         chat = self.chat_format if e.template in CHAT_TEMPLATES else None
         return SearchEnv(
             self.retriever,
@@ -107,11 +111,59 @@ class Runtime:
             doc_format=e.doc_format,
         )
 
+    def tool_env(self, chat_format: Any = None) -> SearchEnv:
+        from searchrl.envs.tool_env import ToolEnv
+        from searchrl.envs.tool_specs import build_tools
+
+        e = self.exp.env
+        fmt = chat_format if chat_format is not None else self.tool_chat_format
+        env = ToolEnv(
+            self.retriever,
+            fmt,
+            template=e.template,
+            topk=e.topk,
+            max_turns=e.max_turns,
+            max_tool_calls=e.max_tool_calls,
+            on_budget=e.on_budget,
+            doc_max_words=e.doc_max_words,
+            max_query_chars=e.max_query_chars,
+        )
+        env.set_tools(build_tools(e.tools, env, self.mcp_connections))
+        return env
+
+    @cached_property
+    def mcp_connections(self) -> dict[str, Any]:
+        """MCP servers connected so far, by address (one connection per server for the whole run)."""
+        return {}
+
+    @cached_property
+    def tool_chat_format(self) -> Any:
+        """The tool protocol's `ChatFormat`: the model's tokenizer and its chat template."""
+        from searchrl.envs.chat_format import ChatFormat
+
+        path, tok = self.model_tokenizer
+        if not tok.chat_template:
+            raise ConfigError(
+                f"the tool protocol renders prompts and tool messages through the model's chat template, but "
+                f"the tokenizer in {path} has none",
+                key="env.protocol",
+                value="tools",
+                choices=["tags"],
+                hint="use an instruct model's tokenizer (Qwen2.5/Qwen3 instruct), or model.tokenizer: local / qwen2.5 / qwen3",
+            )
+        return ChatFormat(tok, self.exp.env.chat_kwargs)
+
+    @cached_property
+    def model_tokenizer(self) -> tuple[Path, Any]:
+        """The model's directory (the local model built there first) and its tokenizer."""
+        from transformers import AutoTokenizer
+
+        path = local_model_dir(self)
+        return path, AutoTokenizer.from_pretrained(str(path), local_files_only=Path(path).is_dir())
+
     @cached_property
     def chat_format(self) -> Any:
         """The model's chat template as a function of the messages, with the assistant turn opened."""
-        from transformers import AutoTokenizer
-
         m = self.exp.model
         if m.path is None and m.tokenizer == "local":  # trained on the world, without a chat template
             raise ConfigError(
@@ -122,8 +174,7 @@ class Runtime:
                 choices=list(TEMPLATES),
                 hint="set model.tokenizer: qwen2.5, or use a plain template",
             )
-        path = local_model_dir(self)
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=Path(path).is_dir())
+        path, tok = self.model_tokenizer
         if not tok.chat_template:
             raise ConfigError(
                 f"template '{self.exp.env.template}' renders the prompt through the model's chat "
@@ -153,6 +204,19 @@ def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -
         texts += [ex.question for ex in world.examples(split)]
     for names in world.name_pool.values():
         texts += [" ".join(names)] * 3
+    from searchrl.envs.tool_env import ToolEnv
+
+    if isinstance(
+        env, ToolEnv
+    ):  # the tool format itself: its prompts (tool schemas), calls and tool messages
+        for rec in teacher_records(
+            env,
+            world,
+            world.examples("train")[:teacher_examples],
+            replace(TeacherConfig(), noisy=True, rename_prob=0.5),
+        ):
+            texts += [rec["prompt"], *rec["actions"], *rec["observations"]]
+        return texts
     for tags in TAGSETS.values():
         styled = SearchEnv(
             env.retriever,
@@ -178,11 +242,32 @@ def local_model_dir(rt: Runtime) -> Path:
         return Path(m.path)
     if rt.world is None:
         raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
+    tools = rt.exp.env.protocol == "tools" and m.tokenizer == "local"
     name = f"model-{m.size}" + (f"-{m.layers}layers" if m.layers is not None else "")
-    out = rt.world_dir / (name if m.tokenizer == "local" else f"{name}-{m.tokenizer}")
+    name = name if m.tokenizer == "local" else f"{name}-{m.tokenizer}"
+    out = rt.world_dir / (f"{name}-tools" if tools else name)
     if not has_weights(out):
-        texts = tokenizer_texts(rt.world, rt.env()) if m.tokenizer == "local" else []
+        texts: list[str] = []
+        template = None
+        if tools:  # Qwen2.5's chat template, its tool markers one token each
+            from searchrl.envs.chat_format import ChatFormat
+            from searchrl.models.qwen import CHAT_TEMPLATE
+
+            template = CHAT_TEMPLATE
+            texts = tokenizer_texts(
+                rt.world, rt.env(ChatFormat.from_template(template, rt.exp.env.chat_kwargs))
+            )
+        elif m.tokenizer == "local":
+            texts = tokenizer_texts(rt.world, rt.env())
+        tags = (*ALL_TAG_STRINGS, *TOOL_TAG_STRINGS) if tools else ALL_TAG_STRINGS
         build_local_model(
-            m.size, texts, out, seed=rt.exp.seed, tokenizer=m.tokenizer, tags=ALL_TAG_STRINGS, layers=m.layers
+            m.size,
+            texts,
+            out,
+            seed=rt.exp.seed,
+            tokenizer=m.tokenizer,
+            tags=tags,
+            layers=m.layers,
+            chat_template=template,
         )
     return out

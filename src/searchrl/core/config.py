@@ -114,6 +114,17 @@ class SummarizerConfig:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A tool of the tool protocol: ``search`` (the retriever, ``search(query, k)``), ``open`` (a document its
+    searches returned, in full, ``open(doc_id)``), ``mcp`` (an MCP server's tools: ``args: {server: URL or
+    [command, arg, ...], include: [names]}``), or ``pkg.module:function`` (a Python function; its schema from
+    its type hints and docstring)."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class EnvConfig:
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     tags: str = field(default="search_r1", metadata={"choices": "tagsets"})
@@ -135,6 +146,14 @@ class EnvConfig:
     # turns each search's documents into a short answer to its query (envs/summarize.py). Default: `extract`
     # for research, none (the documents themselves) for the others; set it on react for Search-o1's design.
     summarizer: SummarizerConfig | None = None
+    # how the agent acts: tags (<search>/<answer> in the text, as the papers do) or tools (the model's own chat
+    # format: the template renders the tool schemas, the model writes <tool_call> JSON and answers in a final
+    # message; envs/tool_env.py). tools needs a chat prompt (env.template: tools, short_chat, ...)
+    protocol: Literal["tags", "tools"] = "tags"
+    tools: tuple[ToolSpec, ...] = (ToolSpec("search"),)  # protocol tools: what the agent may call
+    max_tool_calls: int = 4  # protocol tools: calls one assistant turn may make
+    # protocol tools: passed to the chat template, e.g. {enable_thinking: false} for Qwen3
+    chat_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -160,7 +179,7 @@ class ModelConfig:
     layers: int | None = None  # the local model's transformer layers; None: the size's own
     # the local model's tokenizer: "local" is trained on the synthetic world (every tag one special token);
     # "qwen2.5" is Qwen2.5's real vocabulary (tags are text), from the qwen extra
-    tokenizer: Literal["local", "qwen2.5"] = "local"
+    tokenizer: Literal["local", "qwen2.5", "qwen3"] = "local"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig | None = None  # null: full fine-tuning
 
@@ -200,7 +219,7 @@ class RolloutConfig:
 class GuardConfig:
     """One collapse monitor: the mean of ``metric`` over the last ``window`` steps must stay in [min, max]."""
 
-    # a monitor (entropy, kl, length, reward, grad_norm, loss) or any metrics.jsonl key, e.g. train/clip_frac
+    # a monitor (entropy, kl, length, reward, grad_norm, loss, tool_calls) or any metrics.jsonl key, e.g. train/clip_frac
     metric: str
     min: float | None = None
     max: float | None = None

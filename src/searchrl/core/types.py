@@ -28,6 +28,7 @@ class StepInfo:
     doc_ids: tuple[str, ...] = ()
     answer: str | None = None  # extracted answer (inside \boxed{} for the research tag set)
     forced: bool = False  # the answer tag was forced by the turn budget
+    calls: tuple[str, ...] = ()  # the tool protocol: the tools this turn called and ran, in order
 
 
 @dataclass

@@ -27,6 +27,7 @@ MONITORS = {
     "reward": "reward/mean",
     "grad_norm": "train/grad_norm",
     "loss": "train/loss",
+    "tool_calls": "rollout/tool_calls_per_episode",  # the tool protocol: a run that stops calling tools
 }
 
 

@@ -142,7 +142,7 @@ class Trainer(TrainingStep):
             generator = GENERATORS.get(exp.rollout.backend)(
                 self.policy,
                 self.tokenizer,
-                env.tags.stop_strings,
+                env.stop_strings,
                 batch_size=exp.rollout.batch_size,
                 model_context=lambda: eng.for_generation(self.policy),
                 continuous=exp.rollout.loop == "episode",
@@ -201,7 +201,7 @@ class Trainer(TrainingStep):
             lambda model: GENERATORS.get("hf")(
                 model,
                 self.tokenizer,
-                ctx.env.tags.stop_strings,
+                ctx.env.stop_strings,
                 batch_size=exp.rollout.batch_size,
                 continuous=True,
                 **exp.rollout.backend_args,

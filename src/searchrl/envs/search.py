@@ -101,6 +101,11 @@ class SearchEnv:
         self.topk, self.max_turns, self.max_query_chars = topk, max_turns, max_query_chars
         self.on_budget, self.doc_max_words = on_budget, doc_max_words
 
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Generation stops right after any of these (DESIGN §4.4): the closing search and answer tags."""
+        return self.tags.stop_strings
+
     # ------------------------------------------------------------------ episodes
     def reset(self, example: Example) -> EnvState:
         """A new episode. The agent design shapes it (RAG-Gym Appendix C, §3): ``react`` reasons and
@@ -159,14 +164,27 @@ class SearchEnv:
                     kind="search", valid=True, query=info.query, doc_ids=tuple(d.id for d in docs)
                 )
             obs, done, reason = self._observe(state, info, body, ended)
-            state.actions.append(action)
-            state.observations.append(obs)
-            state.infos.append(info)
-            state.retrieved.append(docs)
-            state.done, state.finish_reason = done, reason
+            self.record(state, action, obs, info, docs, done, reason)
             state.force_answer = obs.endswith(self.tags.answer_open)
             out.append((obs, done, info))
         return out
+
+    @staticmethod
+    def record(
+        state: EnvState,
+        action: str,
+        obs: str,
+        info: StepInfo,
+        docs: list[Doc],
+        done: bool,
+        reason: str | None,
+    ) -> None:
+        """Append one step to the episode's state."""
+        state.actions.append(action)
+        state.observations.append(obs)
+        state.infos.append(info)
+        state.retrieved.append(docs)
+        state.done, state.finish_reason = done, reason
 
     def _summaries(
         self, states: list[EnvState], parsed: list[StepInfo], results: list[list[Doc]]
@@ -294,6 +312,20 @@ class SearchEnv:
         elif not answer:
             error = error or "empty_answer"
         return StepInfo("answer", error is None, error, answer=answer or None, forced=forced)
+
+    # ------------------------------------------------------------------ written actions (the teacher)
+    def write_search(self, think: str, query: str) -> str:
+        """A search action in this protocol: a thought, then the query."""
+        t = self.tags
+        return f"{t.think_open} {think} {t.think_close}\n{t.search_open} {query} {t.search_close}"
+
+    def write_answer(self, answer: str, note: str = "") -> str:
+        """A final answer in this protocol, after a thought that starts with ``note``."""
+        return f"{self.tags.think_open} {note}So the answer is {answer}. {self.tags.think_close}\n{self.tags.format_answer(answer)}"
+
+    def write_forced_answer(self, answer: str) -> str:
+        """The answer after the environment opened the answer tag (the turn budget ran out)."""
+        return self.tags.format_answer(answer)[len(self.tags.answer_open) :]
 
     # ------------------------------------------------------------------ replay
     def replay(self, example: Example, actions: list[str], observations: list[str] | None = None) -> EnvState:

@@ -51,6 +51,8 @@ TAGSETS: dict[str, TagSet] = {
     "research": TagSet("research", "<result>", "</result>", boxed=True),
 }
 ALL_TAG_STRINGS: tuple[str, ...] = tuple(dict.fromkeys(t for ts in TAGSETS.values() for t in ts.all_tags))
+# the tool protocol's markers in Qwen's chat format: one special token each in a local tokenizer built for it
+TOOL_TAG_STRINGS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 # Prompt templates. `short` suits the tiny local models; the others are the papers' own.
 TEMPLATES: dict[str, str] = {
@@ -127,4 +129,10 @@ CHAT_TEMPLATES: dict[str, ChatTemplate] = {
     "short_chat": ChatTemplate(
         None, "Question: {question}"
     ),  # the short prompt as a user turn (small models)
+    # the tool protocol (env.protocol: tools): the template adds the tool schemas after this system prompt
+    "tools": ChatTemplate(
+        "Answer the question. Search for each fact you need; when you know the answer, reply with the answer "
+        "alone.",
+        "Question: {question}",
+    ),
 }

@@ -113,7 +113,108 @@ CHAT_TEMPLATE = """{%- if tools %}
 {%- endif %}
 """
 
-TOKENIZERS = ("qwen2.5",)  # what `searchrl tokenizer` and `model.tokenizer` can build
+# Qwen3's chat template (Qwen3 instruct/hybrid models' tokenizer_config.json, e.g. Qwen/Qwen3-8B): reasoning in
+# <think> blocks, kept only for assistant turns after the last user query and re-spaced there; earlier turns
+# lose it; tool-call arguments re-serialised with tojson; enable_thinking=false opens the turn with an empty block
+QWEN3_CHAT_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}"""
+# Qwen3 adds four tokens after Qwen2.5's 22 (ids 151665-151668), none special: they decode as text
+QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    *ADDED_TOKENS,
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+
+TOKENIZERS = ("qwen2.5", "qwen3")  # what `searchrl tokenizer` and `model.tokenizer` can build
 
 
 def ranks_file() -> Path:
@@ -140,7 +241,9 @@ def read_ranks(path: str | Path) -> dict[bytes, int]:
 
 
 def qwen_tokenizer(out: str | Path | None = None, name: str = "qwen2.5") -> Any:
-    """Qwen2.5's tokenizer as a `PreTrainedTokenizerFast` (saved to ``out`` when given). Offline."""
+    """Qwen2.5's or Qwen3's tokenizer as a `PreTrainedTokenizerFast` (saved to ``out`` when given). Offline.
+    Qwen3 has Qwen2.5's byte-level BPE (the same 151,643 ranks), four more added tokens and its own chat
+    template; ``qwen-tokenizer`` ships the ranks, the added tokens and the template are written here."""
     from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -155,7 +258,8 @@ def qwen_tokenizer(out: str | Path | None = None, name: str = "qwen2.5") -> Any:
 
     tok = _FromPackage(vocab_file=str(ranks_file()), pattern=PATTERN).converted()
     tok.normalizer = normalizers.NFC()
-    added = [AddedToken(t, special=s, normalized=False) for t, s in ADDED_TOKENS]
+    table = QWEN3_ADDED_TOKENS if name == "qwen3" else ADDED_TOKENS
+    added = [AddedToken(t, special=s, normalized=False) for t, s in table]
     tok.add_tokens(added)  # ids follow the 151,643 ranks in order: <|endoftext|> is 151643
     assert tok.token_to_id(ADDED_TOKENS[0][0]) == FIRST_ADDED_ID
     hf = PreTrainedTokenizerFast(
@@ -167,7 +271,7 @@ def qwen_tokenizer(out: str | Path | None = None, name: str = "qwen2.5") -> Any:
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
     )
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = QWEN3_CHAT_TEMPLATE if name == "qwen3" else CHAT_TEMPLATE
     if out is not None:
         hf.save_pretrained(str(out))
     return hf

@@ -41,7 +41,11 @@ SIZES: dict[str, ModelSize] = {
     # Qwen2.5-0.5B's shape (random weights): realistic memory and time on a CPU. Qwen2.5 tokenizer only.
     "qwen2.5-0.5b": ModelSize(896, 24, 14, 2, 4864, vocab_size=151936, max_position_embeddings=32768),
 }
-TOKENIZERS = ("local", "qwen2.5")  # a tokenizer trained on the world (tags are tokens), or Qwen2.5's
+TOKENIZERS = (
+    "local",
+    "qwen2.5",
+    "qwen3",
+)  # a tokenizer trained on the world (tags are tokens), or a Qwen one
 
 
 def train_tokenizer(
@@ -115,11 +119,13 @@ def build_local_model(
     tokenizer: str = "local",
     tags: Sequence[str] = (),
     layers: int | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Build a model of ``size`` with a tokenizer and save both to ``out_dir``. ``tokenizer``: ``local``
     trains one on ``texts``, every string of ``tags`` one special token (pass `envs.tags.ALL_TAG_STRINGS`);
     ``qwen2.5`` is Qwen2.5's real vocabulary (tags are text; ``texts`` and ``tags`` are not read).
-    ``layers``: that many transformer layers instead of the size's."""
+    ``layers``: that many transformer layers instead of the size's. ``chat_template``: the local tokenizer's
+    (the tool protocol renders prompts through it); Qwen's tokenizers bring their own."""
     if size not in SIZES:
         raise DataError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
     if layers is not None and layers < 1:
@@ -133,6 +139,8 @@ def build_local_model(
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer == "local":
         tok = train_tokenizer(texts, spec.vocab_size, tags=tags)
+        if chat_template is not None:
+            tok.chat_template = chat_template
         model = build_model(spec, tok, seed=seed)
     else:
         from searchrl.models.qwen import VOCAB_ROWS, end_of_turn_ids, qwen_tokenizer

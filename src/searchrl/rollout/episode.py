@@ -28,6 +28,7 @@ class RolloutStats:
     searches: int = 0
     seconds: float = 0.0
     finish_reasons: Counter[str] = field(default_factory=Counter)
+    tool_calls: Counter[str] = field(default_factory=Counter)  # the tool protocol: calls run, per tool
 
     def metrics(self) -> dict[str, float]:
         """This process's statistics as metrics that combine over processes (`searchrl.core.aggregate`): counts
@@ -41,6 +42,20 @@ class RolloutStats:
             "rollout/searches_per_episode": Mean(self.searches, self.episodes),
             "rollout/invalid_action_rate": Mean(self.invalid_actions, self.actions),
             **{f"rollout/finish_{k}": Mean(v, self.episodes) for k, v in sorted(reasons.items())},
+            **self._tool_metrics(),
+        }
+
+    def _tool_metrics(self) -> dict[str, float]:
+        """Tool calls per episode, in all and per tool (the tool protocol; every tool of the environment is
+        listed, with 0 where it was not called, so that every process reports the same keys)."""
+        if not self.tool_calls:
+            return {}
+        per_tool = {
+            f"rollout/tool_calls/{k}": Mean(v, self.episodes) for k, v in sorted(self.tool_calls.items())
+        }
+        return {
+            "rollout/tool_calls_per_episode": Mean(sum(self.tool_calls.values()), self.episodes),
+            **per_tool,
         }
 
 
@@ -61,8 +76,10 @@ def step_env(
     actions = sorted(actions, key=lambda x: x[0])
     gens = [g for _, g in actions]
     texts = [tokenizer.decode(g.token_ids) for g in gens]  # decoded to parse, never re-tokenized
-    ended = [g.finish != "stop" or not g.token_ids for g in gens]
-    stopped = [not e for e in ended]  # at a closing tag, which may end inside the last token
+    # the tool protocol's action is a whole assistant turn, which the model ends with its EOS (end of turn)
+    turn_end = getattr(env, "eos_ends_turn", False)
+    ended = [not g.token_ids or g.finish == "length" or (g.finish == "eos" and not turn_end) for g in gens]
+    stopped = [not e for e in ended]  # at a closing tag (or the end of a turn), maybe inside the last token
     results = env.step_batch([trajs[i].state for i, _ in actions], texts, ended, stopped)  # type: ignore[misc]
     for (i, g), (obs, done, info) in zip(actions, results):
         taken[i] += 1
@@ -109,6 +126,8 @@ def record(
     stats.actions += 1
     stats.invalid_actions += not info.valid
     stats.searches += info.kind == "search" and info.valid
+    for name in getattr(env, "tool_names", ()):
+        stats.tool_calls[name] += info.calls.count(name)
     if done:
         t.finish_reason = "length" if g.finish == "length" else t.state.finish_reason  # type: ignore[union-attr]
 

@@ -51,13 +51,11 @@ class TeacherEpisode:
         return self.found[-1] if self.found else "unknown"
 
     def _answer(self, ans: str, note: str = "") -> str:
-        lead = f"{note} " if self.cfg.quote and note else ""
-        return f"<think> {lead}So the answer is {ans}. </think>\n{self.env.tags.format_answer(ans)}"
+        return self.env.write_answer(ans, f"{note} " if self.cfg.quote and note else "")
 
     def _search(self, think: str, query: str) -> str:
         self.pending = query
-        t = self.env.tags
-        return f"{t.think_open} {think} {t.think_close}\n{t.search_open} {query} {t.search_close}"
+        return self.env.write_search(think, query)
 
     def _read_result(self, state: EnvState) -> str:
         """Update what the teacher knows from its last search; returns a note for the next thought."""
@@ -80,11 +78,11 @@ class TeacherEpisode:
         return f"Found: {hop.answer}."
 
     def next_action(self, state: EnvState) -> str:
-        t, cfg, hops = self.env.tags, self.cfg, self.ex.hops
+        cfg, hops = self.cfg, self.ex.hops
         query, self.just_found = self.pending, False
         note = self._read_result(state)
         if state.force_answer:  # the turn budget ran out: the environment already wrote <answer>
-            return t.format_answer(self.best_answer)[len(t.answer_open) :]
+            return self.env.write_forced_answer(self.best_answer)
         if self.just_found and query is not None and cfg.noisy and self.rng.random() < cfg.p_repeat:
             self.repeat_query = query
             return self._search(f"{note} Let me check again.", query)
@@ -108,7 +106,7 @@ def _sentence_with(observation: str, name: str) -> str:
     """The first sentence of a retrieved document that names ``name`` (the document's text, without the
     environment's wrapping), without its full stop."""
     text = re.sub(r"^.*?\(Title: [^)]*\)\s*", "", observation.strip(), flags=re.S)
-    text = re.sub(r"</?\w+>", "", text)
+    text = re.sub(r"</?\w+>|<\|\w+\|>", "", text)  # tags, and chat markers (the tool protocol)
     for sentence in re.split(r"(?<=\.)\s+", text):
         if re.search(rf"\b{re.escape(name)}\b", sentence):
             return sentence.strip().rstrip(".")

@@ -1,0 +1,150 @@
+"""MCP tools: an agent calls the tools of a Model Context Protocol server (the official ``mcp`` SDK, imported
+lazily; ``pip install "searchrl[mcp]"``), and our retriever served as one (``searchrl serve-retriever --mcp``).
+
+`MCPConnection` keeps one client session to a server for the whole run, on an event loop in its own thread,
+so the environment's synchronous steps can call it: a batch of calls is sent concurrently and waited for.
+The server is a URL (streamable HTTP) or a command line (a subprocess spoken to over stdio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from searchrl.core.errors import DataError, SearchRLError
+from searchrl.core.types import EnvState
+from searchrl.envs.tools import Tool, ToolResult, format_tool_docs
+
+
+def _sdk() -> Any:
+    try:
+        import mcp
+    except ImportError as exc:
+        raise SearchRLError("MCP tools need the mcp SDK: pip install 'searchrl[mcp]'") from exc
+    return mcp
+
+
+class MCPConnection:
+    """One session with an MCP server: its tools listed at connect, calls run on the session's loop."""
+
+    def __init__(self, server: str | Sequence[str], timeout: float = 60.0) -> None:
+        mcp = _sdk()
+        if isinstance(server, str) and server.startswith(("http://", "https://")):
+            self.target: Any = server
+        else:
+            argv = [server] if isinstance(server, str) else list(server)
+            if not argv:
+                raise DataError("an MCP server is a URL or a command line, got an empty command")
+            self.target = mcp.StdioServerParameters(command=argv[0], args=argv[1:])
+        self.name, self.timeout = server if isinstance(server, str) else " ".join(server), timeout
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="searchrl-mcp", daemon=True)
+        self._thread.start()
+        self._ready: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
+        self._queue: asyncio.Queue[Any] | None = None
+        self._main = asyncio.run_coroutine_threadsafe(self._serve(mcp), self._loop)
+        try:
+            self.tools = self._ready.result(timeout)
+        except Exception as exc:
+            self.close()
+            raise SearchRLError(
+                f"MCP server {self.name}: could not connect and list its tools: {exc}"
+            ) from exc
+
+    async def _serve(self, mcp: Any) -> None:
+        """Enter the session, list the tools, then run batches of calls until `close` (in one task, as the
+        SDK's context managers require)."""
+        self._queue = asyncio.Queue()
+        try:
+            async with mcp.Client(self.target, read_timeout_seconds=self.timeout) as client:
+                self._ready.set_result(list((await client.list_tools()).tools))
+                while (item := await self._queue.get()) is not None:
+                    calls, done = item
+                    got = await asyncio.gather(
+                        *(client.call_tool(n, a) for n, a in calls), return_exceptions=True
+                    )
+                    done.set_result(got)
+        except BaseException as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+            raise
+
+    def call(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """The results (``CallToolResult`` or an exception) of these calls, run concurrently."""
+        done: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
+        assert self._queue is not None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (calls, done))
+        return done.result(self.timeout)
+
+    def close(self) -> None:
+        if self._queue is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+            with contextlib.suppress(
+                Exception
+            ):  # a session that ended badly: the loop stops below either way
+                self._main.result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def as_tools(self, include: Sequence[str] | None = None) -> list[Tool]:
+        """The server's tools (those named in ``include``, if given) as our `Tool`s."""
+        names = [t.name for t in self.tools]
+        missing = [n for n in include or () if n not in names]
+        if missing:
+            raise DataError(f"MCP server {self.name} has no tool {missing[0]!r}; it has {', '.join(names)}")
+        return [self._tool(t) for t in self.tools if include is None or t.name in include]
+
+    def _tool(self, spec: Any) -> Tool:
+        def run(calls: list[tuple[dict[str, Any], EnvState]]) -> list[ToolResult]:
+            return [_result(r) for r in self.call([(spec.name, args) for args, _ in calls])]
+
+        schema = _field(spec, "input_schema", "inputSchema") or {"type": "object", "properties": {}}
+        return Tool(spec.name, spec.description or "", dict(schema), run)
+
+
+def _field(obj: Any, name: str, v1_name: str) -> Any:
+    """A field by its mcp 2 name, or its mcp 1 (camel-case) one."""
+    value = getattr(obj, name, None)
+    return value if value is not None else getattr(obj, v1_name, None)
+
+
+def _result(r: Any) -> ToolResult:
+    """An MCP call's result as the text the model reads (its text blocks joined); errors say so."""
+    if isinstance(r, BaseException):
+        return ToolResult(f"Error: the tool call failed: {r}", error="tool_error")
+    text = "\n".join(
+        getattr(block, "text", "") for block in r.content if getattr(block, "type", "") == "text"
+    )
+    if _field(r, "is_error", "isError"):
+        return ToolResult(f"Error: {text}", error="tool_error")
+    return ToolResult(text)
+
+
+def serve_retriever_mcp(
+    retriever: Any, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, topk: int = 3
+) -> None:
+    """Serve ``retriever`` as an MCP server with one tool, ``search(query, k)`` (documents as the tool
+    protocol shows them: ``Doc i [id](Title: t) text``). Blocks until the transport closes."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("searchrl-retriever", instructions="Search a document collection.")
+
+    @server.tool()
+    def search(query: str, k: int = topk) -> str:
+        """Search the document collection.
+
+        Args:
+            query: what to search for
+            k: how many documents to return
+        """
+        [docs] = retriever.search([" ".join(query.split())], max(1, min(int(k), 20)))
+        return format_tool_docs(docs)
+
+    if transport == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host=host, port=port)

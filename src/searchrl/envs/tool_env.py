@@ -1,0 +1,228 @@
+"""The tool protocol (``env.protocol: tools``): the search environment spoken in the model's own chat format.
+
+The prompt is the tokenizer's chat template with the tool schemas (``tools=``) and the question as the user
+turn. An action is one assistant turn, up to its end-of-turn marker (Qwen: ``<|im_end|>``, which is the
+model's EOS: generation ends there, not at ``</tool_call>``, so one turn may call several tools). A turn
+with ``<tool_call>`` blocks runs them (every search of the step in one retriever batch) and the observation
+is the template's own rendering of the tool messages, then the next assistant turn opened, tokenized once
+and appended after the sampled ids (`ChatFormat.after_tool_calls`). A turn without tool calls is the final
+answer: its text with any ``<think>…</think>`` removed (or what it puts inside ``<answer>…</answer>``).
+
+A call that cannot run (malformed JSON, an unknown tool, arguments that do not fit the schema, more calls
+than ``max_tool_calls``) still gets a tool message, saying why, and makes its turn invalid (counted in
+``rollout/invalid_action_rate``). When the turn budget (``env.max_turns`` tool turns) is spent, the last
+tool message says so and the next turn must answer (``on_budget: force_answer``), or the episode ends
+(``end``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from searchrl.core.errors import DataError
+from searchrl.core.types import EnvState, StepInfo
+from searchrl.data.corpus import Doc
+from searchrl.data.example import Example
+from searchrl.envs.chat_format import ChatFormat
+from searchrl.envs.search import SearchEnv
+from searchrl.envs.tags import CHAT_TEMPLATES, ChatTemplate
+from searchrl.envs.tools import CALL_ERRORS, Tool, ToolCall, ToolResult, format_tool_docs, parse_tool_calls
+
+TOOL_ERRORS = (*CALL_ERRORS, "too_many_calls", "tool_call_after_budget", "empty_answer")
+BUDGET_NOTE = "\nNo tool calls left: give the final answer now."
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+class ToolEnv(SearchEnv):
+    eos_ends_turn = True  # the model's end of turn (its EOS) ends an action, not the episode
+
+    def __init__(
+        self,
+        retriever: Any,
+        chat: ChatFormat,
+        tools: Sequence[Tool] | None = None,
+        template: str | ChatTemplate = "tools",
+        topk: int = 3,
+        max_turns: int = 4,
+        max_tool_calls: int = 4,
+        on_budget: str = "force_answer",
+        doc_max_words: int | None = None,
+        max_query_chars: int = 256,
+    ) -> None:
+        """``tools``: default ``search`` over ``retriever``. ``template``: a chat prompt (`CHAT_TEMPLATES`);
+        ``max_turns``: tool turns before the answer is due; ``max_tool_calls``: calls one turn may make."""
+        from searchrl.envs.tools import search_tool
+
+        if isinstance(template, str):
+            if template not in CHAT_TEMPLATES:
+                raise DataError(
+                    f"the tool protocol's template must be a chat prompt ({', '.join(CHAT_TEMPLATES)}), got {template!r}"
+                )
+            template = CHAT_TEMPLATES[template]
+        self.format = chat
+        super().__init__(
+            retriever,
+            template=template,
+            topk=topk,
+            max_turns=max_turns,
+            max_query_chars=max_query_chars,
+            on_budget=on_budget,
+            doc_max_words=doc_max_words,
+            chat=lambda messages: chat.prompt(messages, self.schemas),
+        )
+        self.max_tool_calls = max_tool_calls
+        self.set_tools(list(tools) if tools is not None else [search_tool(retriever, topk, self.format_docs)])
+
+    def set_tools(self, tools: Sequence[Tool]) -> None:
+        names = [t.name for t in tools]
+        if not tools or len(set(names)) != len(names):
+            raise DataError(f"the tool protocol needs at least one tool, each name once; got {names}")
+        self.tools = {t.name: t for t in tools}
+        self.schemas = [t.schema for t in tools]
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.format.end_of_turn,)
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(self.tools)
+
+    def format_docs(self, docs: Sequence[Doc]) -> str:
+        """Search results with their ids (what ``open`` takes)."""
+        return format_tool_docs(docs, self.doc_max_words)
+
+    # ------------------------------------------------------------------ parsing
+    def turn_text(self, action: str) -> str:
+        """The turn's text before its end-of-turn marker."""
+        at = action.find(self.format.end_of_turn)
+        return action if at < 0 else action[:at]
+
+    def calls(self, action: str) -> list[ToolCall]:
+        """The turn's tool calls, those past ``max_tool_calls`` refused."""
+        calls = parse_tool_calls(self.turn_text(action), self.tools)
+        extra = ToolCall(
+            None, error="too_many_calls", detail=f"at most {self.max_tool_calls} tool calls per turn"
+        )
+        return calls[: self.max_tool_calls] + [extra] * max(0, len(calls) - self.max_tool_calls)
+
+    def parse(self, action: str, forced: bool = False, stopped: bool = False) -> StepInfo:
+        """Classify one assistant turn (without running its calls: see `step_batch`)."""
+        calls = self.calls(action)
+        if not calls:
+            return self._parse_answer(self.turn_text(action), forced)
+        if forced:
+            return StepInfo("answer", False, "tool_call_after_budget", forced=True)
+        bad = next((c for c in calls if not c.valid), None)
+        searches = [c for c in calls if c.valid and c.name == "search"]
+        kind = "search" if searches else ("tool" if bad is None else "invalid")
+        query = " ".join(str(searches[0].arguments.get("query", "")).split()) if searches else None
+        names = tuple(c.name for c in calls if c.valid and c.name)
+        return StepInfo(kind, bad is None, bad.error if bad else None, query=query, calls=names)
+
+    def _parse_answer(self, text: str, forced: bool) -> StepInfo:  # type: ignore[override]
+        text = _THINK.sub("", text)
+        inside = _ANSWER.findall(text)
+        answer = " ".join((inside[-1] if inside else text).split())
+        return StepInfo(
+            "answer", bool(answer), None if answer else "empty_answer", answer=answer or None, forced=forced
+        )
+
+    # ------------------------------------------------------------------ stepping
+    def step_batch(
+        self,
+        states: list[EnvState],
+        actions: list[str],
+        eos: list[bool] | None = None,
+        stopped: list[bool] | None = None,
+    ) -> list[tuple[str, bool, StepInfo]]:
+        """Advance each episode by one turn; each tool's calls from every episode run as one batch.
+        ``eos``: the turn was cut (length) rather than ended by the model."""
+        eos = eos or [False] * len(states)
+        infos = [self.parse(a, forced=s.force_answer) for s, a in zip(states, actions)]
+        calls = [self.calls(a) if i.kind != "answer" else [] for a, i in zip(actions, infos)]
+        results = self._run_calls(states, calls)
+        out = []
+        for state, action, info, cs, rs, cut in zip(states, actions, infos, calls, results, eos):
+            if state.done:
+                raise ValueError(f"episode {state.example.id} is already done; reset it before stepping")
+            docs = [d for r in rs for d in r.docs]
+            if docs:
+                info = replace(info, doc_ids=tuple(d.id for d in docs))
+            obs, done, reason = self._after(state, info, cs, rs, cut)
+            self.record(state, action, obs, info, docs, done, reason)
+            state.force_answer = (
+                not done and self.on_budget == "force_answer" and state.n_turns >= self.max_turns
+            )
+            out.append((obs, done, info))
+        return out
+
+    def _run_calls(self, states: list[EnvState], calls: list[list[ToolCall]]) -> list[list[ToolResult]]:
+        """Every call's result; the valid calls of one tool run as one batch."""
+        results: list[list[ToolResult | None]] = [[None] * len(cs) for cs in calls]
+        batches: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for i, cs in enumerate(calls):
+            for j, c in enumerate(cs):
+                if c.valid and c.name is not None:
+                    batches[c.name].append((i, j))
+                else:
+                    results[i][j] = ToolResult(f"Error: {c.detail}", error=c.error)
+        for name, where in batches.items():
+            got = self.tools[name].run([(calls[i][j].arguments, states[i]) for i, j in where])
+            if len(got) != len(where):
+                raise RuntimeError(f"tool {name!r} returned {len(got)} results for {len(where)} calls")
+            for (i, j), r in zip(where, got):
+                results[i][j] = r
+        return [[r for r in rs if r is not None] for rs in results]
+
+    def _after(
+        self, state: EnvState, info: StepInfo, calls: list[ToolCall], results: list[ToolResult], cut: bool
+    ) -> tuple[str, bool, str | None]:
+        if info.kind == "answer":
+            return "", True, "answer"
+        if cut:  # the length cap ended the turn: nothing more will be generated
+            return "", True, "eos"
+        texts = [r.text for r in results]
+        last = state.n_turns + 1 >= self.max_turns  # this turn used the last of the budget
+        if last and self.on_budget == "force_answer":
+            texts[-1] += BUDGET_NOTE
+        named = [(c.name or "invalid", c.arguments) for c in calls]
+        obs = self.format.after_tool_calls(named, texts)
+        if last and self.on_budget == "end":
+            return obs, True, "budget"
+        return obs, False, None
+
+    def replay(self, example: Example, actions: list[str], observations: list[str] | None = None) -> EnvState:
+        """Rebuild an episode from recorded turns. With ``observations`` no tool runs again."""
+        if observations is None:
+            return super().replay(example, actions)
+        state = self.reset(example)
+        for action, obs in zip(actions, observations):
+            info = self.parse(action, forced=state.force_answer)
+            state.actions.append(action)
+            state.observations.append(obs)
+            state.infos.append(info)
+            state.retrieved.append([])
+            state.done = info.kind == "answer"
+            state.finish_reason = "answer" if state.done else None
+            state.force_answer = (
+                not state.done and self.on_budget == "force_answer" and state.n_turns >= self.max_turns
+            )
+        return state
+
+    # ------------------------------------------------------------------ written actions (the teacher)
+    def write_search(self, think: str, query: str) -> str:
+        call = json.dumps({"name": "search", "arguments": {"query": query}})
+        return f"<think> {think} </think>\n<tool_call>\n{call}\n</tool_call>{self.format.end_of_turn}"
+
+    def write_answer(self, answer: str, note: str = "") -> str:
+        return f"<think> {note}So the answer is {answer}. </think>\n{answer}{self.format.end_of_turn}"
+
+    def write_forced_answer(self, answer: str) -> str:
+        return f"{answer}{self.format.end_of_turn}"

@@ -1,0 +1,243 @@
+"""Tools an agent calls in its model's own chat format: OpenAI function schemas, each backed by a batched
+Python function; parsing the ``<tool_call>`` blocks a Qwen-style model writes.
+
+A `Tool` has a name, a description, a JSON schema of its arguments (an OpenAI function schema once wrapped
+by `Tool.schema`) and ``run``, which takes a batch of calls (arguments and the episode that made each) and
+returns one `ToolResult` each: the text the model reads back, and the documents it showed (so that rewards
+and metrics see what a call retrieved). Searches from every episode of an environment step go to the
+retriever in one batch. Built in: ``search`` (any retriever) and ``open`` (a document's full text).
+`function_tool` wraps a user's Python function, its schema read from its signature and docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchrl.core.errors import DataError
+from searchrl.core.types import EnvState
+from searchrl.data.corpus import Doc
+
+# JSON schema types -> the Python types a value of it may have (bool is not an integer here)
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+# why a tool call could not be run (StepInfo.error of its action)
+CALL_ERRORS = ("unclosed_tool_call", "malformed_json", "missing_name", "unknown_tool", "bad_arguments")
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    text: str  # what the model reads in the tool message
+    docs: tuple[Doc, ...] = ()  # documents the call showed (search results, an opened document)
+    error: str | None = None  # the call failed: ``text`` says why to the model
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed ``<tool_call>`` block: the tool and its arguments, or why it cannot be run."""
+
+    name: str | None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # one of `CALL_ERRORS`
+    detail: str = ""  # what was wrong, told to the model
+
+    @property
+    def valid(self) -> bool:
+        return self.error is None
+
+
+Runner = Callable[[list[tuple[dict[str, Any], EnvState]]], list[ToolResult]]
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: dict[
+        str, Any
+    ]  # JSON schema of the arguments: {"type": "object", "properties": ..., "required": ...}
+    run: Runner  # a batch of (arguments, episode state) -> one result each
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema a chat template renders (``tools=[...]``)."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def check(self, arguments: dict[str, Any]) -> str | None:
+        """Why ``arguments`` do not fit the schema (a missing or unknown argument, a wrong type), or None.
+        Only the top level is checked, as function-calling servers do before dispatch."""
+        props = self.parameters.get("properties", {})
+        missing = [k for k in self.parameters.get("required", []) if k not in arguments]
+        if missing:
+            return f"missing required argument {missing[0]!r}"
+        for key, value in arguments.items():
+            if key not in props:
+                return f"unknown argument {key!r}; {self.name} takes {', '.join(props) or 'no arguments'}"
+            kind = props[key].get("type")
+            kinds = kind if isinstance(kind, list) else [kind] if kind else []
+            ok = not kinds or any(
+                isinstance(value, _TYPES.get(k, object))
+                and not (k in ("integer", "number") and isinstance(value, bool))
+                for k in kinds
+            )
+            if not ok:
+                return f"argument {key!r} must be {' or '.join(kinds)}, got {json.dumps(value)}"
+        return None
+
+
+def format_tool_docs(docs: Sequence[Doc], max_words: int | None = None) -> str:
+    """Search results as the tool protocol shows them, one per line, with the id ``open`` takes."""
+    lines = []
+    for i, d in enumerate(docs, 1):
+        text = d.text if max_words is None else " ".join(d.text.split()[:max_words])
+        lines.append(f"Doc {i} [{d.id}](Title: {d.title}) {text}")
+    return "\n".join(lines)
+
+
+def search_tool(
+    retriever: Any, topk: int, format_docs: Callable[[Sequence[Doc]], str], max_k: int = 10
+) -> Tool:
+    """``search(query, k)`` over any retriever, batched across the calls of one environment step."""
+
+    def run(calls: list[tuple[dict[str, Any], EnvState]]) -> list[ToolResult]:
+        queries = [" ".join(str(a["query"]).split()) for a, _ in calls]
+        ks = [max(1, min(int(a.get("k", topk)), max_k)) for a, _ in calls]
+        out: list[ToolResult] = [ToolResult("", error="empty_query")] * len(calls)
+        for k in sorted(set(ks)):  # one batched retrieval per distinct k
+            idx = [i for i, (q, kk) in enumerate(zip(queries, ks)) if kk == k and q]
+            for i, docs in zip(idx, retriever.search([queries[i] for i in idx], k) if idx else []):
+                out[i] = ToolResult(format_docs(docs), tuple(docs))
+        return [
+            r if r.error is None else ToolResult("Error: the query is empty.", error=r.error) for r in out
+        ]
+
+    return Tool(
+        "search",
+        "Search the knowledge base. Returns the top documents for the query, each with its id and title.",
+        {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "what to search for"},
+                "k": {
+                    "type": "integer",
+                    "description": f"how many documents (default {topk}, at most {max_k})",
+                },
+            },
+            "required": ["query"],
+        },
+        run,
+    )
+
+
+def open_tool(max_words: int | None = None) -> Tool:
+    """``open(doc_id)``: the full text of a document this episode's searches returned (search results may
+    be cut to ``env.doc_max_words``; opening reads the rest)."""
+
+    def run(calls: list[tuple[dict[str, Any], EnvState]]) -> list[ToolResult]:
+        out = []
+        for args, state in calls:
+            doc_id = str(args["doc_id"])
+            seen = {d.id: d for docs in state.retrieved for d in docs}
+            doc = seen.get(doc_id)
+            if doc is None:
+                out.append(
+                    ToolResult(
+                        f"Error: no document {doc_id!r} among this episode's search results.",
+                        error="unknown_doc",
+                    )
+                )
+                continue
+            words = doc.text.split()
+            text = " ".join(words[:max_words]) if max_words else doc.text
+            out.append(ToolResult(f"(Title: {doc.title}) {text}", (doc,)))
+        return out
+
+    return Tool(
+        "open",
+        "Read the full text of a document returned by an earlier search, by its id.",
+        {
+            "type": "object",
+            "properties": {"doc_id": {"type": "string", "description": "the id shown in the search results"}},
+            "required": ["doc_id"],
+        },
+        run,
+    )
+
+
+def function_tool(fn: Callable[..., Any], name: str | None = None) -> Tool:
+    """A Python function as a tool, called once per call. Its schema comes from its type hints and its
+    Google-style docstring (transformers' ``get_json_schema``, as TRL's ``tools=[...]``: every argument needs
+    a type hint and an ``Args:`` entry). It returns the text the model reads, or ``(text, docs)``."""
+    from transformers.utils import get_json_schema
+
+    try:
+        fn_schema = get_json_schema(fn)["function"]
+    except Exception as exc:
+        raise DataError(
+            f"tool function {getattr(fn, '__qualname__', fn)!r}: cannot read its schema ({exc}); give every "
+            "argument a type hint and describe it under 'Args:' in the docstring"
+        ) from exc
+
+    def run(calls: list[tuple[dict[str, Any], EnvState]]) -> list[ToolResult]:
+        out = []
+        for args, _ in calls:
+            try:
+                value = fn(**args)
+            except Exception as exc:  # the model's call failed: it reads why, the run goes on
+                out.append(ToolResult(f"Error: {type(exc).__name__}: {exc}", error="tool_error"))
+                continue
+            text, docs = value if isinstance(value, tuple) else (value, ())
+            out.append(ToolResult(str(text), tuple(docs)))
+        return out
+
+    return Tool(
+        name or fn_schema["name"], fn_schema.get("description", ""), fn_schema.get("parameters", {}), run
+    )
+
+
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
+def parse_tool_calls(text: str, tools: dict[str, Tool]) -> list[ToolCall]:
+    """Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block of ``text``, in order, each
+    checked against its tool's schema. ``arguments`` may also be a JSON string of an object (some models
+    write it so). A ``<tool_call>`` left open is one more, invalid, call."""
+    calls = [_one_call(body, tools) for body in _BLOCK.findall(text)]
+    if text.count("<tool_call>") > text.count("</tool_call>"):
+        calls.append(ToolCall(None, error="unclosed_tool_call", detail="a <tool_call> was not closed"))
+    return calls
+
+
+def _one_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return ToolCall(None, error="malformed_json", detail=f"the tool call is not valid JSON ({exc.msg})")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return ToolCall(None, error="missing_name", detail='a tool call is {"name": ..., "arguments": {...}}')
+    name, args = obj["name"], obj.get("arguments", {})
+    if isinstance(args, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            args = json.loads(args)
+    if name not in tools:
+        return ToolCall(name, error="unknown_tool", detail=f"no tool {name!r}; tools: {', '.join(tools)}")
+    if not isinstance(args, dict):
+        return ToolCall(name, error="bad_arguments", detail="arguments must be a JSON object")
+    problem = tools[name].check(args)
+    if problem is not None:
+        return ToolCall(name, args, error="bad_arguments", detail=problem)
+    return ToolCall(name, args)

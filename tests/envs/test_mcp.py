@@ -1,0 +1,81 @@
+"""MCP: our retriever served as an MCP server over stdio (`searchrl serve-retriever --mcp stdio`), its tool
+listed by the client and called by an episode of the tool protocol."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from searchrl.core.config import ToolSpec
+from searchrl.core.errors import ConfigError, DataError
+from searchrl.data.example import Example
+from searchrl.envs.chat_format import ChatFormat
+from searchrl.envs.tool_env import ToolEnv
+from searchrl.envs.tool_specs import build_tools
+
+from .test_tools import CountingRetriever, call
+
+pytest.importorskip("mcp")
+
+
+@pytest.fixture(scope="module")
+def connections(fixtures):
+    server = [
+        sys.executable,
+        "-m",
+        "searchrl",
+        "serve-retriever",
+        "--mcp",
+        "stdio",
+        "--corpus",
+        str(fixtures / "corpus.jsonl"),
+    ]
+    conns: dict = {}
+    specs = [ToolSpec("mcp", {"server": server, "include": ["search"]})]
+    yield specs, conns
+    for c in conns.values():
+        c.close()
+
+
+def test_an_episode_lists_and_calls_an_mcp_servers_tool(connections, qwen_tok, fixtures):
+    specs, conns = connections
+    env = ToolEnv(CountingRetriever(), ChatFormat(qwen_tok), template="tools")
+    env.set_tools(build_tools(specs, env, conns))
+    [tool] = env.tools.values()
+    assert tool.name == "search" and tool.parameters["required"] == ["query"]
+    assert tool.parameters["properties"]["k"]["type"] == "integer"
+    state = env.reset(Example(id="q", question="Who?", answers=("x",)))
+    assert '"name": "search"' in state.prompt  # the server's schema, rendered by the template
+    from searchrl.data.corpus import load_corpus
+
+    doc = load_corpus(fixtures / "corpus.jsonl")[0]
+    query = " ".join(doc.text.split()[:8])
+    obs, done, info = env.step(state, f"{call('search', query=query, k=2)}<|im_end|>", stopped=True)
+    assert not done and info.valid and info.kind == "search" and info.calls == ("search",)
+    assert f"[{doc.id}](Title: {doc.title})" in obs and "Doc 2 [" in obs and env.retriever.calls == []
+    # a second environment on the same server reuses the connection
+    again = ToolEnv(CountingRetriever(), ChatFormat(qwen_tok))
+    again.set_tools(build_tools(specs, again, conns))
+    assert len(conns) == 1
+    # the server's own argument check: its error comes back as the tool message
+    obs, _, info = env.step(
+        state, f"{call('search', query=query, k=2)}\n{call('search', query='')}<|im_end|>", stopped=True
+    )
+    assert obs.count("<tool_response>") == 2 and info.calls == ("search", "search")
+
+
+def test_bad_tool_configs_are_refused(qwen_tok):
+    env = ToolEnv(CountingRetriever(), ChatFormat(qwen_tok))
+    with pytest.raises(ConfigError, match="env.tools\\[0\\].args.server"):
+        build_tools([ToolSpec("mcp", {})], env, {})
+    with pytest.raises(ConfigError, match="unknown tool"):
+        build_tools([ToolSpec("browse")], env, {})
+    with pytest.raises(ConfigError, match="env.tools\\[0\\].args.topk"):
+        build_tools([ToolSpec("search", {"topk": 3})], env, {})
+    with pytest.raises(ConfigError, match="cannot import"):
+        build_tools([ToolSpec("no_such_module:fn")], env, {})
+    [t] = build_tools([ToolSpec("tests.envs.test_tools:lookup_capital")], env, {})
+    assert t.name == "lookup_capital"
+    with pytest.raises(DataError, match="tool names must be unique|each name once"):
+        env.set_tools(build_tools([ToolSpec("search"), ToolSpec("search")], env, {}))
