@@ -19,6 +19,7 @@ from searchrl.envs.retrievers.base import Retriever
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.world import World
 from searchrl.envs.tags import ALL_TAG_STRINGS, CHAT_TEMPLATES, TEMPLATES, TOOL_TAG_STRINGS
+from searchrl.envs.tool_env import ToolEnv
 
 
 class Runtime:
@@ -204,17 +205,12 @@ def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -
         texts += [ex.question for ex in world.examples(split)]
     for names in world.name_pool.values():
         texts += [" ".join(names)] * 3
-    from searchrl.envs.tool_env import ToolEnv
-
-    if isinstance(
-        env, ToolEnv
-    ):  # the tool format itself: its prompts (tool schemas), calls and tool messages
-        for rec in teacher_records(
-            env,
-            world,
-            world.examples("train")[:teacher_examples],
-            replace(TeacherConfig(), noisy=True, rename_prob=0.5),
-        ):
+    if isinstance(env, ToolEnv):  # the tool format: its prompts (tool schemas), calls and tool messages,
+        # and each name as the agent writes it there: bare, in a JSON string or opening its final message
+        for names in world.name_pool.values():
+            texts += [" ".join(f'"{n}"' for n in names)] * 3
+        cfg = replace(TeacherConfig(), noisy=True, rename_prob=0.5)
+        for rec in teacher_records(env, world, world.examples("train")[:teacher_examples], cfg):
             texts += [rec["prompt"], *rec["actions"], *rec["observations"]]
         return texts
     for tags in TAGSETS.values():
@@ -230,6 +226,11 @@ def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -
         for rec in teacher_records(styled, world, world.examples("train")[:teacher_examples], cfg):
             texts += rec["actions"]
     return texts
+
+
+# The tool protocol's local tokenizer learns each name twice (" Name" as documents write it, bare as a JSON
+# string or an answer holds it) and the tool prompt's text: this many rows more than the size's vocabulary
+TOOLS_EXTRA_VOCAB = 1024
 
 
 def local_model_dir(rt: Runtime) -> Path:
@@ -269,5 +270,6 @@ def local_model_dir(rt: Runtime) -> Path:
             tags=tags,
             layers=m.layers,
             chat_template=template,
+            extra_vocab=TOOLS_EXTRA_VOCAB if tools else 0,
         )
     return out

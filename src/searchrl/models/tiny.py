@@ -120,17 +120,21 @@ def build_local_model(
     tags: Sequence[str] = (),
     layers: int | None = None,
     chat_template: str | None = None,
+    extra_vocab: int = 0,
 ) -> Path:
     """Build a model of ``size`` with a tokenizer and save both to ``out_dir``. ``tokenizer``: ``local``
     trains one on ``texts``, every string of ``tags`` one special token (pass `envs.tags.ALL_TAG_STRINGS`);
     ``qwen2.5`` is Qwen2.5's real vocabulary (tags are text; ``texts`` and ``tags`` are not read).
     ``layers``: that many transformer layers instead of the size's. ``chat_template``: the local tokenizer's
-    (the tool protocol renders prompts through it); Qwen's tokenizers bring their own."""
+    (the tool protocol renders prompts through it); Qwen's tokenizers bring their own. ``extra_vocab``: that
+    many more tokens than the size's vocabulary (local tokenizer only)."""
     if size not in SIZES:
         raise DataError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
     if layers is not None and layers < 1:
         raise DataError(f"model.layers must be at least 1, got {layers}")
     spec = SIZES[size] if layers is None else replace(SIZES[size], num_hidden_layers=layers)
+    if extra_vocab and tokenizer == "local":
+        spec = replace(spec, vocab_size=spec.vocab_size + extra_vocab)
     if tokenizer not in TOKENIZERS:
         raise DataError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
     if size.startswith("qwen") and tokenizer == "local":
