@@ -355,4 +355,10 @@ def test_serve_answers_on_loopback(tmp_path):
             assert r.read().startswith(b"window.SEARCHRL = ")
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0  # Ctrl-C stops it cleanly
+        try:  # communicate drains the pipe, so a process writing at exit cannot block on a full one
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            raise AssertionError(f"Ctrl-C did not stop the server; its output:\n{out[-3000:]}") from None
+        assert proc.returncode == 0, out[-3000:]  # Ctrl-C stops it cleanly
