@@ -334,11 +334,14 @@ def test_serve_answers_on_loopback(tmp_path):
 
     f = tmp_path / "r.predictions.jsonl"
     f.write_text(json.dumps(records([1])[0]) + "\n")
+    # Ctrl-C as a terminal delivers it: a child inherits an ignored SIGINT (some test before this one in the
+    # same pytest process left SIGINT ignored: CI's full run), and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen(
         [sys.executable, "-m", "searchrl", "view", str(f), "--serve", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         url = None
