@@ -114,7 +114,10 @@ class ToolEnv(SearchEnv):
 
     def parse(self, action: str, forced: bool = False, stopped: bool = False) -> StepInfo:
         """Classify one assistant turn (without running its calls: see `step_batch`)."""
-        calls = self.calls(action)
+        return self._classify(action, self.calls(action), forced)
+
+    def _classify(self, action: str, calls: list[ToolCall], forced: bool) -> StepInfo:
+        """The turn's `StepInfo` from its parsed ``calls``."""
         if not calls:
             return self._parse_answer(self.turn_text(action), forced)
         if forced:
@@ -145,8 +148,9 @@ class ToolEnv(SearchEnv):
         """Advance each episode by one turn; each tool's calls from every episode run as one batch.
         ``eos``: the turn was cut (length) rather than ended by the model."""
         eos = eos or [False] * len(states)
-        infos = [self.parse(a, forced=s.force_answer) for s, a in zip(states, actions)]
-        calls = [self.calls(a) if i.kind != "answer" else [] for a, i in zip(actions, infos)]
+        parsed = [self.calls(a) for a in actions]  # each turn's calls parsed once
+        infos = [self._classify(a, cs, s.force_answer) for s, a, cs in zip(states, actions, parsed)]
+        calls = [cs if i.kind != "answer" else [] for cs, i in zip(parsed, infos)]
         results = self._run_calls(states, calls)
         out = []
         for state, action, info, cs, rs, cut in zip(states, actions, infos, calls, results, eos):
