@@ -107,7 +107,8 @@ def plain_decode(model: str, exp: Any, rows: int, n: int, pin: bool) -> float:
 
     if pin:
         os.sched_setaffinity(0, {1})
-    policy, tok = load_model_and_tokenizer(model)
+    policy, tok = load_model_and_tokenizer(model, dtype=exp.model.dtype)
+    policy.to("cuda" if torch.cuda.is_available() else "cpu")
     rt = Runtime(exp)
     env = rt.env()
     prompts = [encode(tok, env.reset(ex).prompt) for ex in rt.examples("train")[:rows]]
@@ -126,6 +127,7 @@ def main() -> None:
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 4])
     ap.add_argument("--latency", type=float, nargs="+", default=[0.0, 0.05])
     ap.add_argument("--pin", action="store_true")
+    ap.add_argument("--dtype", default="float32", help="model.dtype (bfloat16 on a GPU)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async.json"))
     args = ap.parse_args()
     if args.pin:
@@ -138,7 +140,7 @@ def main() -> None:
             start(self)
 
         async_rollout.AsyncRollout._run = pinned  # type: ignore[method-assign]
-    exp = load_experiment(args.config, [f"model.path={args.model}"])
+    exp = load_experiment(args.config, [f"model.path={args.model}", f"model.dtype={args.dtype}"])
     rows = []
     for latency in args.latency:
         for k in args.staleness:
@@ -158,6 +160,8 @@ def main() -> None:
         "plain_decode_tokens_each": n,
         "model": args.model,
         "cpu": os.cpu_count(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "dtype": args.dtype,
         "pinned": args.pin,
         "questions_per_step": args.questions,
         "group_size": args.group,

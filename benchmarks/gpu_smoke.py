@@ -63,6 +63,18 @@ class PeakRSS:
         self._thread.join()
 
 
+def gpu_not_torch_gb() -> float | None:
+    """GPU memory in use that this process's PyTorch allocator does not hold (the CUDA context, other
+    libraries' pools, other processes), in GB; None without a GPU. A large value means something else
+    (e.g. JAX's default preallocation of 75% of the card) takes memory the trainer cannot have."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free - torch.cuda.memory_reserved()) / 2**30
+
+
 def weights_checksum(tr: Any) -> float:
     """Σ w² over this process's share of the trained weights (ZeRO-3: its partition), summed over processes."""
     total = 0.0
@@ -105,7 +117,7 @@ def overrides(a: argparse.Namespace, world: str, out: Path, algo: str, backend: 
         f"output_dir={out}",
         f"env.template={a.template}",
         "env.topk=2",
-        "env.max_turns=2",
+        f"env.max_turns={a.max_turns}",
         f"rollout.max_new_tokens={a.max_new_tokens}",
         f"rollout.max_total_tokens={a.max_total_tokens}",
         "rollout.temperature=1.0",
@@ -117,6 +129,8 @@ def overrides(a: argparse.Namespace, world: str, out: Path, algo: str, backend: 
         over.append(f"rollout.backend_args={{gpu_memory_utilization: {a.vllm_memory}}}")
     if a.mode == "lora":
         over.append("model.lora={r: 8, alpha: 16}")
+    if a.checkpointing:
+        over.append("model.gradient_checkpointing=true")
     return over
 
 
@@ -153,7 +167,7 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
     rt = Runtime(exp)
     args: dict[str, Any] = {"kl_coef": 0.01} if algo in ONLINE else {}
     if algo in ("grpo", "ppo", "steppo"):
-        args["group_size"] = 2
+        args["group_size"] = a.group_size
     if algo == "slate":  # the varying judge below: step groups with a learning signal even untrained
         args.update(k=2, judge="gpu_smoke_length")
     cfg = TrainerConfig(
@@ -163,10 +177,15 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
         lr=a.lr,
         save_every=10**6,
         log_entropy=True,
+        lean_logprobs=a.lean,
         samples=SamplesConfig(groups=0),  # a timing: no training samples written
     )
     row: dict[str, Any] = {"algorithm": algo, "backend": backend if algo in ONLINE else "-"}
     cuda = torch.cuda.is_available()
+    if cuda:  # this combination's own peak, not the launch's so far
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     with PeakRSS() as rss:
         tr = Trainer(
             algorithm=algo,
@@ -253,6 +272,7 @@ def worker(a: argparse.Namespace) -> None:
                     "traceback": traceback.format_exc()[-3000:],
                 }
             row["wall_s"] = time.perf_counter() - t
+            row["gpu_not_torch_gb"] = gpu_not_torch_gb()
             if state.num_processes > 1:  # the largest process's peak (every process joins, failed or not)
                 import torch
                 import torch.distributed as dist
@@ -329,6 +349,12 @@ def launch(a: argparse.Namespace, layout: str, mode: str, world: str, scratch: P
     return json.loads(rows.read_text())
 
 
+def torch_device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
 def _cuda_count() -> int:
     import torch
 
@@ -369,6 +395,17 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--max-total-tokens", type=int, default=512)
     p.add_argument("--template", default="short")
+    p.add_argument("--max-turns", type=int, default=2, help="env.max_turns")
+    p.add_argument("--group-size", type=int, default=2, help="GRPO/PPO/StePPO samples per question")
+    p.add_argument(
+        "--checkpointing", action="store_true", help="model.gradient_checkpointing: activations recomputed"
+    )
+    p.add_argument(
+        "--lean",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trainer.lean_logprobs: the output layer at the action tokens only (--no-lean: full logits)",
+    )
     p.add_argument("--dtype", default=None, help="model.dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument(
         "--logprob-tol", type=float, default=None, help="default: 1e-3 in float32, 0.1 in bfloat16"
@@ -413,6 +450,8 @@ def main() -> None:
         "--max-new-tokens",
         "--max-total-tokens",
         "--template",
+        "--max-turns",
+        "--group-size",
         "--dtype",
         "--logprob-tol",
         "--vllm-memory",
@@ -421,6 +460,9 @@ def main() -> None:
     for k in keep:
         v = getattr(a, k.lstrip("-").replace("-", "_"))
         a.passthrough += [k, *map(str, v)] if isinstance(v, list) else [k, str(v)]
+    a.passthrough.append("--lean" if a.lean else "--no-lean")
+    if a.checkpointing:
+        a.passthrough.append("--checkpointing")
     scratch = Path(tempfile.mkdtemp(prefix="gpu_smoke-"))
     from searchrl.envs.synthetic.world import World, WorldConfig
 
@@ -439,11 +481,21 @@ def main() -> None:
     print("\n" + text + "\n\n" + summary)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    header = f"# {a.tag}: {a.model} on {a.device}, {a.dtype}, {a.steps} steps\n\n"
+    gpu = torch_device_name() if a.device == "cuda" else "cpu"
+    header = (
+        f"# {a.tag}: {a.model} on {gpu}, {a.dtype}, {a.steps} steps, lean log-probs {'on' if a.lean else 'off'}, "
+        f"activation checkpointing {'on' if a.checkpointing else 'off'}, "
+        f"{a.questions} questions x group {a.group_size}, {a.max_turns} turns of up to {a.max_new_tokens} tokens, "
+        f"at most {a.max_total_tokens} tokens, micro-batch {a.micro_batch}\n\n"
+    )
     (out / f"{a.tag}.md").write_text(header + text + "\n\n" + summary + "\n")
     (out / f"{a.tag}.json").write_text(
         json.dumps(
-            {"args": {k: v for k, v in vars(a).items() if k != "passthrough"}, "results": results},
+            {
+                "args": {k: v for k, v in vars(a).items() if k != "passthrough"},
+                "device": gpu,
+                "results": results,
+            },
             indent=1,
             default=str,
         )

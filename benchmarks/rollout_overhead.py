@@ -52,14 +52,21 @@ class Forwards:
         self.calls = self.rows = 0
 
 
+def sync(model: Any) -> None:
+    """Wait for the model's device (a GPU runs asynchronously: a host clock read before this undercounts)."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
 def hf_plain(model: Any, tok: Any, prompts: list[list[int]], n: int, temperature: float) -> float:
     """Seconds for transformers' `generate` to sample exactly ``n`` tokens for every prompt."""
     L = max(len(x) for x in prompts)
-    ids = torch.full((len(prompts), L), tok.pad_token_id)
+    ids = torch.full((len(prompts), L), tok.pad_token_id, device=model.device)
     mask = torch.zeros_like(ids)
     for i, x in enumerate(prompts):
         ids[i, L - len(x) :] = torch.tensor(x)
         mask[i, L - len(x) :] = 1
+    sync(model)
     t = time.perf_counter()
     with torch.no_grad():
         out = model.generate(
@@ -73,6 +80,7 @@ def hf_plain(model: Any, tok: Any, prompts: list[list[int]], n: int, temperature
             pad_token_id=tok.pad_token_id,
         )
     assert out.shape[1] - L == n
+    sync(model)
     return time.perf_counter() - t
 
 
@@ -115,11 +123,16 @@ def main() -> None:
     p.add_argument("--turns", type=int, nargs="*", default=[1, 2, 3, 5], help="turn budgets at batch 64")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the HF backend's model)")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 (the HF backend's model)")
+    p.add_argument(
+        "--tag", default=None, help="results file: <tag>.json (default: rollout_overhead-<backend>)"
+    )
     args = p.parse_args()
     exp = load_experiment(args.config)
     rt = Runtime(exp)
-    model, tok = load_model_and_tokenizer(args.model)
-    model.eval()
+    model, tok = load_model_and_tokenizer(args.model, dtype=args.dtype)
+    model.to(args.device).eval()
     counter = Forwards(model)
     T = exp.rollout.temperature
     params = SamplingParams(T, 1.0, exp.rollout.max_new_tokens)
@@ -201,6 +214,8 @@ def main() -> None:
     result: dict[str, Any] = {
         "backend": args.backend,
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
         "model": args.model,
         "parameters": sum(x.numel() for x in model.parameters()),
         "repeats": args.repeats,
@@ -239,7 +254,7 @@ def main() -> None:
             )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rollout_overhead-{args.backend}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{args.tag or 'rollout_overhead-' + args.backend}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,12 @@ from searchrl.rollout.loop import rollout
 REPO = Path(__file__).resolve().parents[1]
 
 
+def sync() -> None:
+    """A GPU runs asynchronously: wait for it before reading the clock."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def ours(exp, rt, model: str, steps: int, questions: int, micro: int, loop: str = "episode") -> list[float]:
     cfg = TrainerConfig(
         steps=steps,
@@ -57,11 +63,12 @@ def ours(exp, rt, model: str, steps: int, questions: int, micro: int, loop: str 
     for s in range(steps):
         t = time.perf_counter()
         tr.step(s)
+        sync()
         times.append(time.perf_counter() - t)
     return times
 
 
-def trl(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[float]:
+def trl(exp, rt, model: str, steps: int, questions: int, micro: int, device: str = "cpu") -> list[float]:
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -108,6 +115,7 @@ def trl(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[flo
             self.t = time.perf_counter()
 
         def on_step_end(self, *a, **k):
+            sync()
             times.append(time.perf_counter() - self.t)
 
     ds = Dataset.from_list([{"prompt": p} for p in by_prompt])
@@ -124,8 +132,9 @@ def trl(exp, rt, model: str, steps: int, questions: int, micro: int) -> list[flo
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
-        bf16=False,
+        use_cpu=device == "cpu",
+        bf16=exp.model.dtype == "bfloat16",
+        model_init_kwargs={"dtype": exp.model.dtype},  # the weights in the dtype ours trains in
         disable_tqdm=True,
         seed=0,
     )
@@ -149,15 +158,18 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=16)
     p.add_argument("--micro", type=int, default=32)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (both trainers on the GPU)")
+    p.add_argument("--dtype", default="float32", help="model.dtype of both trainers (bfloat16 on a GPU)")
+    p.add_argument("--tag", default="step_time", help="results file: <tag>.json")
     a = p.parse_args()
-    exp = load_experiment(a.config)
+    exp = load_experiment(a.config, [f"model.dtype={a.dtype}"])
     rt = Runtime(exp)
     torch.manual_seed(0)
     res = {"ours": ours(exp, rt, a.model, a.steps, a.questions, a.micro)}
     torch.manual_seed(0)
     res["ours (turn loop)"] = ours(exp, rt, a.model, a.steps, a.questions, a.micro, loop="turn")
     torch.manual_seed(0)
-    res["trl"] = trl(exp, rt, a.model, a.steps, a.questions, a.micro)
+    res["trl"] = trl(exp, rt, a.model, a.steps, a.questions, a.micro, a.device)
     summary = {k: statistics.mean(v[1:]) if len(v) > 1 else v[0] for k, v in res.items()}
     print(
         f"{a.questions} questions x {exp.algorithm.args['group_size']} samples per step, micro-batch {a.micro}"
@@ -168,13 +180,16 @@ def main() -> None:
     ratio = summary["ours"] / summary["trl"]
     print(f"ours / TRL = {ratio:.2f} (target <= 0.5)")
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "step_time.json").write_text(
+    (Path(a.out) / f"{a.tag}.json").write_text(
         json.dumps(
             {
                 "steps": res,
                 "mean": summary,
                 "ours_vs_trl": ratio,
                 "threads": torch.get_num_threads(),
+                "device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+                "dtype": a.dtype,
+                "model": a.model,
                 "questions": a.questions,
                 "group_size": exp.algorithm.args["group_size"],
                 "micro_batch": a.micro,

@@ -104,7 +104,8 @@ def test_bad_choice_and_dotted_reward_path(tmp_path):
     with pytest.raises(ConfigError, match=r"key 'env.tags': invalid value(.|\n)*valid: research, search_r1"):
         load_experiment(None, ["env.tags=resarch"])
     with pytest.raises(
-        ConfigError, match=r"key 'model.size': invalid value(.|\n)*valid: base, qwen2.5-0.5b, small, tiny"
+        ConfigError,
+        match=r"key 'model.size': invalid value(.|\n)*valid: base, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, small, tiny",
     ):
         load_experiment(None, ["model.size=huge"])
     exp = load_experiment(None, ["rewards=[{name: 'searchrl.rewards.outcome:f1_reward'}]"])

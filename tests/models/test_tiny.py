@@ -55,3 +55,38 @@ def test_bad_paths_and_sizes(tmp_path):
     f.write_text("x")
     with pytest.raises(ValueError, match="is a file; pass the directory"):
         load_model_and_tokenizer(f)
+
+
+@pytest.mark.parametrize(
+    "size, params, rows, tied",
+    [
+        # Qwen2.5's model cards: 0.49B, 1.54B and 7.61B parameters (7B: untied output layer, 152,064 rows)
+        ("qwen2.5-0.5b", 494_032_768, 151_936, True),
+        ("qwen2.5-1.5b", 1_543_714_304, 151_936, True),
+        ("qwen2.5-7b", 7_615_616_512, 152_064, False),
+    ],
+)
+def test_qwen_shapes_match_the_published_models(qwen_tok, size, params, rows, tied):
+    """Built on the meta device (no memory): parameter count, embedding rows and tying as Qwen2.5's."""
+    from searchrl.models.qwen import end_of_turn_ids
+    from searchrl.models.tiny import SIZES, build_model
+
+    with torch.device("meta"):
+        model = build_model(
+            SIZES[size], qwen_tok, vocab_rows=SIZES[size].vocab_size, eos_ids=end_of_turn_ids(qwen_tok)
+        )
+    assert count_parameters(model) == params
+    assert model.get_input_embeddings().weight.shape[0] == rows
+    assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
+
+
+def test_a_model_is_saved_in_the_dtype_asked(tmp_path):
+    from safetensors import safe_open
+
+    from searchrl.models.tiny import build_local_model
+
+    out = build_local_model("tiny", [], tmp_path / "m", tokenizer="qwen2.5", layers=1, dtype="bfloat16")
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (safe_open is not iterable)
+    with pytest.raises(Exception, match="unknown dtype"):
+        build_local_model("tiny", [], tmp_path / "x", tokenizer="qwen2.5", dtype="int8")

@@ -26,9 +26,12 @@ from searchrl.core.aggregate import Report, finish, flatten, kind_of, layout
 from searchrl.core.errors import SearchRLError
 
 # Deprecations inside our dependencies, nothing a user can act on: trl's generation helper reads a property
-# transformers 5 renamed; DeepSpeed ZeRO-3 calls torch.distributed collectives torch 2.13 renamed (every step)
+# and (with model.gradient_checkpointing) calls methods transformers 5.2x renamed; DeepSpeed ZeRO-3 calls
+# torch.distributed collectives torch 2.13 renamed (every step)
 warnings.filterwarnings(
-    "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    "ignore",
+    message=r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated",
+    category=FutureWarning,
 )
 warnings.filterwarnings(
     "ignore",
@@ -202,7 +205,11 @@ class Engine:
             return
         from trl.models.utils import unwrap_model_for_generation
 
-        with unwrap_model_for_generation(model, self.accelerator) as m:
+        # with model.gradient_checkpointing, trl turns checkpointing off for generation and back on after,
+        # with these arguments (by default transformers before 5.2x would turn it back on reentrant)
+        with unwrap_model_for_generation(
+            model, self.accelerator, gradient_checkpointing_kwargs={"use_reentrant": False}
+        ) as m:
             self._generating = m
             try:
                 yield m

@@ -82,7 +82,12 @@ class Trainer(TrainingStep):
             seed=seed,
         )
         policy, self.tokenizer = load_policy(
-            str(model_path), exp.model.dtype, exp.model.lora, req.value_head, req.detach_value_trunk
+            str(model_path),
+            exp.model.dtype,
+            exp.model.lora,
+            req.value_head,
+            req.detach_value_trunk,
+            exp.model.gradient_checkpointing,
         )
         optimizer, scheduler = make_optimizer(cfg, algo_cls.param_groups(algo_cfg, policy, cfg.lr))
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)

@@ -50,11 +50,15 @@ class PolicyWithValue(torch.nn.Module):
                 return bool(getattr(self.lm, name))
         return False
 
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        # transformers 5.2x: activation_checkpointing_*, the gradient_ names warn and go in v6
-        getattr(self.lm, "activation_checkpointing_enable", self.lm.gradient_checkpointing_enable)(**kwargs)
+    def gradient_checkpointing_enable(
+        self,
+        gradient_checkpointing_kwargs: dict | None = None,
+        activation_checkpointing_kwargs: dict | None = None,
+    ) -> None:
+        enable_checkpointing(self.lm, gradient_checkpointing_kwargs or activation_checkpointing_kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
+        # transformers 5.2x: activation_checkpointing_*, the gradient_ names warn and go in v6
         getattr(self.lm, "activation_checkpointing_disable", self.lm.gradient_checkpointing_disable)()
 
     activation_checkpointing_enable = gradient_checkpointing_enable
@@ -95,8 +99,12 @@ def load_policy(
     lora: LoraConfig | None = None,
     value_head: bool = False,
     detach_trunk: bool = False,
+    gradient_checkpointing: bool = False,
 ) -> tuple[Any, Any]:
-    """The trainable policy (LoRA-wrapped if configured), with a value head for actor-critic methods."""
+    """The trainable policy (LoRA-wrapped if configured), with a value head for actor-critic methods.
+    ``gradient_checkpointing``: activations recomputed in the backward pass (non-reentrant, so a LoRA model's
+    frozen embeddings need no gradient); only where gradients are taken in train mode: generation (eval
+    mode, KV cache) and the no-grad log-prob passes run as without it."""
     model, tokenizer = load_model_and_tokenizer(path, dtype=dtype)
     add_lean_head(model)  # before peft wraps it
     model.config.use_cache = False  # training forward passes; generation turns the cache on explicitly
@@ -122,7 +130,22 @@ def load_policy(
         )
     if value_head:
         model = PolicyWithValue(model, detach_trunk)
+    if gradient_checkpointing:
+        enable_checkpointing(model)
     return model, tokenizer
+
+
+def enable_checkpointing(model: Any, kwargs: dict | None = None) -> None:
+    """Activation checkpointing on every layer of ``model``'s LM (through a value head or peft), non-reentrant
+    unless ``kwargs`` (torch.utils.checkpoint's) say otherwise, named as the installed transformers names it
+    (``activation_checkpointing_enable`` since 5.2x, before it ``gradient_checkpointing_enable``, each with
+    its own keyword)."""
+    lm = model.lm if isinstance(model, PolicyWithValue) else model
+    kwargs = kwargs or {"use_reentrant": False}
+    if hasattr(lm, "activation_checkpointing_enable"):
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def is_peft(model: Any) -> bool:

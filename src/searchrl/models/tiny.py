@@ -28,6 +28,7 @@ class ModelSize:
     intermediate_size: int
     vocab_size: int  # tokenizer vocabulary (merges included)
     max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
 
 
 SIZES: dict[str, ModelSize] = {
@@ -40,6 +41,11 @@ SIZES: dict[str, ModelSize] = {
     "base": ModelSize(256, 4, 4, 2, 688, vocab_size=4096),
     # Qwen2.5-0.5B's shape (random weights): realistic memory and time on a CPU. Qwen2.5 tokenizer only.
     "qwen2.5-0.5b": ModelSize(896, 24, 14, 2, 4864, vocab_size=151936, max_position_embeddings=32768),
+    # Qwen2.5-1.5B's and -7B's shapes (1.54B and 7.62B parameters): GPU step time and memory (issue 31).
+    "qwen2.5-1.5b": ModelSize(1536, 28, 12, 2, 8960, vocab_size=151936, max_position_embeddings=32768),
+    "qwen2.5-7b": ModelSize(
+        3584, 28, 28, 4, 18944, vocab_size=152064, max_position_embeddings=32768, tie_word_embeddings=False
+    ),
 }
 TOKENIZERS = (
     "local",
@@ -97,7 +103,7 @@ def build_model(
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=spec.tie_word_embeddings,
         # Qwen2.5's RoPE base (1e6) for the Qwen shape; the small local models keep the default 1e4
         rope_parameters={
             "rope_type": "default",
@@ -121,13 +127,19 @@ def build_local_model(
     layers: int | None = None,
     chat_template: str | None = None,
     extra_vocab: int = 0,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> Path:
     """Build a model of ``size`` with a tokenizer and save both to ``out_dir``. ``tokenizer``: ``local``
     trains one on ``texts``, every string of ``tags`` one special token (pass `envs.tags.ALL_TAG_STRINGS`);
     ``qwen2.5`` is Qwen2.5's real vocabulary (tags are text; ``texts`` and ``tags`` are not read).
     ``layers``: that many transformer layers instead of the size's. ``chat_template``: the local tokenizer's
     (the tool protocol renders prompts through it); Qwen's tokenizers bring their own. ``extra_vocab``: that
-    many more tokens than the size's vocabulary (local tokenizer only)."""
+    many more tokens than the size's vocabulary (local tokenizer only). ``dtype``: the saved weights' (bfloat16
+    halves a 7B shape's 30 GB); ``device``: where the random weights are drawn (``cuda`` initialises a 7B
+    shape in seconds where a CPU takes minutes)."""
+    import torch
+
     if size not in SIZES:
         raise DataError(f"unknown model size {size!r}; valid: {', '.join(SIZES)}")
     if layers is not None and layers < 1:
@@ -139,18 +151,23 @@ def build_local_model(
         raise DataError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
     if size.startswith("qwen") and tokenizer == "local":
         raise DataError(f"model size {size!r} has Qwen2.5's vocabulary: set model.tokenizer: qwen2.5")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise DataError(f"unknown dtype {dtype!r}; valid: float32, bfloat16, float16")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if tokenizer == "local":
-        tok = train_tokenizer(texts, spec.vocab_size, tags=tags)
-        if chat_template is not None:
-            tok.chat_template = chat_template
-        model = build_model(spec, tok, seed=seed)
-    else:
-        from searchrl.models.qwen import VOCAB_ROWS, end_of_turn_ids, qwen_tokenizer
+    with torch.device(device):
+        if tokenizer == "local":
+            tok = train_tokenizer(texts, spec.vocab_size, tags=tags)
+            if chat_template is not None:
+                tok.chat_template = chat_template
+            model = build_model(spec, tok, seed=seed)
+        else:
+            from searchrl.models.qwen import VOCAB_ROWS, end_of_turn_ids, qwen_tokenizer
 
-        tok = qwen_tokenizer(name=tokenizer)
-        model = build_model(spec, tok, seed=seed, vocab_rows=VOCAB_ROWS, eos_ids=end_of_turn_ids(tok))
+            tok = qwen_tokenizer(name=tokenizer)
+            rows = spec.vocab_size if size.startswith("qwen") else VOCAB_ROWS  # 7B: 152,064 rows
+            model = build_model(spec, tok, seed=seed, vocab_rows=rows, eos_ids=end_of_turn_ids(tok))
+    model = model.to(getattr(torch, dtype))
     tok.save_pretrained(str(out))
     model.save_pretrained(str(out))
     card = {"size": size, "seed": seed, "tokenizer": tokenizer, **asdict(spec)}

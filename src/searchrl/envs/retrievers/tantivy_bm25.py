@@ -44,9 +44,9 @@ _TOKEN = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default token pattern
 
 @lru_cache(maxsize=1)
 def _stopwords() -> frozenset[str]:
-    import bm25s.stopwords
+    from searchrl.envs.retrievers.bm25 import import_bm25s
 
-    return frozenset(bm25s.stopwords.STOPWORDS_EN)
+    return frozenset(import_bm25s().stopwords.STOPWORDS_EN)
 
 
 def analyse(text: str) -> str:
