@@ -64,6 +64,7 @@ ONLINE = (
     "grpo-packed",
     "grpo-balanced",
     "grpo-lora",
+    "grpo-checkpointing",
     "ppo",
     "ppo-lora",
     "steppo",
@@ -76,6 +77,13 @@ CASES: dict[str, dict[str, Any]] = {
     # whole groups moved between the processes to even out their tokens (`trainer.balance_ranks`)
     "grpo-balanced": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "balance": True},
     "grpo-lora": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lora": True},
+    # activations recomputed in the backward pass (`model.gradient_checkpointing`; under ZeRO-3 the recompute
+    # gathers each layer's parameters again)
+    "grpo-checkpointing": {
+        "algorithm": "grpo",
+        "args": {"group_size": 2, "kl_coef": 0.05},
+        "checkpointing": True,
+    },
     "ppo": {
         "algorithm": "ppo",
         "args": {"group_size": 2, "kl_coef": 0.05, "adaptive_kl": True, "kl_horizon": 100},
@@ -110,6 +118,8 @@ def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
     ]
     if spec.get("lora"):
         over.append("model.lora={r: 4, alpha: 8}")
+    if spec.get("checkpointing"):
+        over.append("model.gradient_checkpointing=true")
     return over
 
 
@@ -182,6 +192,14 @@ def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: 
     return tr, rt
 
 
+def checkpointing(model: Any) -> bool:
+    from searchrl.models.policy import is_peft, lm_of
+
+    lm = lm_of(model)
+    base = lm.get_base_model() if is_peft(lm) else lm
+    return bool(base.model.layers[0].gradient_checkpointing)
+
+
 def instrument(tr: Any) -> dict[str, list[Any]]:
     """Record what this process collected and how many generation calls each step made."""
     seen: dict[str, list[Any]] = {"collected": [], "gen_calls": []}
@@ -239,6 +257,9 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
         "rank": eng.rank,
         "world": eng.world_size,
         "deepspeed": eng.is_deepspeed,
+        # whether the first decoder layer recomputes its activations, read after two steps (generation turns
+        # checkpointing off and back on)
+        "checkpointing": checkpointing(eng.unwrap(tr.policy)),
         "logged": logged,
         "gen_calls": seen["gen_calls"],
     }

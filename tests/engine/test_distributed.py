@@ -123,6 +123,7 @@ def test_every_algorithm_finishes_and_processes_agree(run, case):
     backend, out = run
     r = ranks(out, case)
     assert [x["world"] for x in r] == [2, 2] and r[0]["deepspeed"] == (backend == "zero3")
+    assert [x["checkpointing"] for x in r] == [case == "grpo-checkpointing"] * 2
     assert len(r[0]["logged"]) == 2
     for a, b in zip(r[0]["logged"], r[1]["logged"]):
         assert untimed(a) == untimed(b)
@@ -188,12 +189,13 @@ def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> N
     assert logged["reward/dist_e2e_ids"] == pytest.approx(sum(ids) / len(ids))
 
 
-@pytest.mark.parametrize("other", ["grpo-full-logits", "grpo-packed", "grpo-balanced"])
+@pytest.mark.parametrize("other", ["grpo-full-logits", "grpo-packed", "grpo-balanced", "grpo-checkpointing"])
 def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, other):
     """The same first step (same seed, so the same rollouts) with log-probs from the full logits and from
     the lean path (output layer at action tokens only; under ZeRO-3 the layer's weight is gathered), with
     each micro-batch packed into one row (`trainer.packing`) against padded rows, and with whole groups moved
-    between the processes to balance their tokens (`trainer.balance_ranks`)."""
+    between the processes to balance their tokens (`trainer.balance_ranks`), and with the layers' activations
+    recomputed in the backward pass (`model.gradient_checkpointing`)."""
     _, out = run
     base, variant = ranks(out, "grpo")[0], ranks(out, other)[0]
     assert [t.token_ids for t in base["collected"]] == [t.token_ids for t in variant["collected"]]
