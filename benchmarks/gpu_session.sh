@@ -9,7 +9,7 @@
 #   models S...    random-weight models at real shapes (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b), bf16,
 #                  Qwen2.5's vocabulary, drawn on the GPU, saved under $MODELS
 #   smoke          gpu_smoke.py at the 0.5B shape: every algorithm x LoRA/full, HF backend, one process
-#   rollout S      rollout_overhead.py at shape S, batch 64 and 256
+#   rollout S      rollout_overhead.py at shape S, batch 64 and 256, and a profile of each loop at batch 64
 #   step           step_time.py: our GRPO step against TRL's GRPOTrainer, 0.5B shape
 #   memory S       a GRPO step's peak GPU memory at shape S: LoRA and full, lean log-probs on and off, with
 #                  activation checkpointing (memory-lean: lean only; memory-nockpt: lean, without checkpointing)
@@ -94,7 +94,7 @@ print('built $s in', round(time.perf_counter() - t, 1), 's')"
     rollout)
       for s in "${sizes[@]}"; do
         run 300 "rollout $s" $PY benchmarks/rollout_overhead.py --model "$(model "$s")" --device cuda \
-          --dtype bfloat16 --batch 64 256 --turns --repeats 2 --out "$RES" --tag "$GPU-rollout_overhead-$s"
+          --dtype bfloat16 --batch 64 256 --turns --repeats 2 --profile --out "$RES" --tag "$GPU-rollout_overhead-$s"
       done ;;
     step)
       run 300 step $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda --dtype bfloat16 \

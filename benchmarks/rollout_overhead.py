@@ -106,6 +106,34 @@ def vllm_plain(gen: Any, prompts: list[list[int]], n: int, temperature: float) -
     return time.perf_counter() - t
 
 
+def profile_loops(
+    args: Any, env: Any, generator: Any, tok: Any, params: Any, test: list, max_total: int
+) -> None:
+    """One rollout of each loop under torch.profiler: where each decode step's host time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch = args.batch[0]
+    examples = (test * (batch // len(test) + 1))[:batch]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for loop in ("episode", "turn"):
+        gen = generator(batch, loop, env)
+        torch.manual_seed(0)
+        t = time.perf_counter()
+        with profile(activities=activities) as prof:
+            rollout(examples, env, gen, tok, params, 1, max_total)
+        s = time.perf_counter() - t
+        table = prof.key_averages()
+        text = [f"{loop} loop, batch {batch}: {s:.2f} s under the profiler\n", "by self CPU time (host):"]
+        text.append(table.table(sort_by="self_cpu_time_total", row_limit=30))
+        if torch.cuda.is_available():
+            text += ["by device time:", table.table(sort_by="self_device_time_total", row_limit=20)]
+        name = f"{args.tag or 'rollout_overhead-' + args.backend}-profile-{loop}.txt"
+        (out / name).write_text("\n".join(text))
+        print(f"profile of the {loop} loop: {out / name}")
+
+
 def cell(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
     """The median of ``key`` over repeats, or '-' where that measurement does not have it."""
     vals = [r[key] for r in rows if key in r]
@@ -127,6 +155,12 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 (the HF backend's model)")
     p.add_argument(
         "--tag", default=None, help="results file: <tag>.json (default: rollout_overhead-<backend>)"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one rollout of each loop at the first batch size (torch.profiler, HF backend): "
+        "<tag>-profile-<loop>.txt, operators by self CPU time (host overhead) and by device time",
     )
     args = p.parse_args()
     exp = load_experiment(args.config)
@@ -211,6 +245,8 @@ def main() -> None:
     rollout(
         test[:16], env, warm, tok, params, 1, exp.rollout.max_total_tokens
     )  # BM25's JIT, allocator, engine
+    if args.profile and vgen is None:
+        profile_loops(args, env, generator, tok, params, test, exp.rollout.max_total_tokens)
     result: dict[str, Any] = {
         "backend": args.backend,
         "threads": torch.get_num_threads(),
