@@ -82,11 +82,8 @@ print('GPU libraries imported:', sorted({m.split('.')[0] for m in sys.modules} &
       run 30 "nvidia-smi apps" nvidia-smi --query-compute-apps=pid,used_memory --format=csv ;;
     models)
       for s in "${sizes[@]}"; do
-        run 240 "model $s" $PY -c "
-import time; t = time.perf_counter()
-from searchrl.models.tiny import build_local_model
-build_local_model('$s', [], '$(model "$s")', tokenizer='qwen2.5', dtype='bfloat16', device='cuda')
-print('built $s in', round(time.perf_counter() - t, 1), 's')"
+        run 240 "model $s" $PY -m searchrl build-model --size "$s" --dtype bfloat16 --device cuda \
+          --out "$(model "$s")"
       done ;;
     smoke)
       run 420 smoke $PY benchmarks/gpu_smoke.py --model "$(model qwen2.5-0.5b)" --layouts single --backends hf \

@@ -90,3 +90,22 @@ def test_a_model_is_saved_in_the_dtype_asked(tmp_path):
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (safe_open is not iterable)
     with pytest.raises(Exception, match="unknown dtype"):
         build_local_model("tiny", [], tmp_path / "x", tokenizer="qwen2.5", dtype="int8")
+
+
+def test_build_model_command_with_qwens_vocabulary(tmp_path, capsys):
+    """`searchrl build-model` at a Qwen shape needs no world: Qwen2.5's tokenizer by default for the qwen sizes,
+    any size with --tokenizer, weights saved in --dtype; a device to build on that is not a real one is refused."""
+    import json
+
+    from searchrl.app.cli import main
+
+    args = ["build-model", "--size", "tiny", "--tokenizer", "qwen2.5"]
+    main([*args, "--dtype", "bfloat16", "--out", str(tmp_path / "m")])
+    card = json.loads((tmp_path / "m" / "searchrl_model.json").read_text())
+    assert card["tokenizer"] == "qwen2.5" and card["size"] == "tiny"
+    model, tok = load_model_and_tokenizer(tmp_path / "m")
+    assert model.get_input_embeddings().weight.shape[0] == 151_936 and len(tok) > 150_000
+    with pytest.raises(SystemExit):
+        main([*args, "--device", "meta", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert "unknown device 'meta'" in err and "valid: cpu, cuda" in err

@@ -73,10 +73,25 @@ def _add_validate(sub: Any) -> None:
 
 
 def _add_build_model(sub: Any) -> None:
-    b = sub.add_parser("build-model", help="train a tokenizer on a world and build a local Qwen2 model")
+    b = sub.add_parser(
+        "build-model",
+        help="build a random-weight Qwen2 model: a tokenizer trained on a world, or Qwen's real vocabulary "
+        "at Qwen2.5's shapes (qwen2.5-0.5b, -1.5b, -7b) for memory and speed checks",
+    )
     b.add_argument("--world", type=Path, help="a world directory (default: the config's world)")
     b.add_argument("--size", default="small")
     b.add_argument("--out", required=True, type=Path)
+    b.add_argument(
+        "--tokenizer",
+        choices=["local", "qwen2.5", "qwen3"],
+        default=None,
+        help="local: trained on the world (default for the small sizes); qwen2.5 (default for the qwen sizes), "
+        "qwen3: Qwen's vocabulary, no world needed (the qwen extra)",
+    )
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    b.add_argument(
+        "--device", default="cpu", help="where the weights are drawn (cuda: a 7B shape in seconds)"
+    )
     b.add_argument("--config", default=None)
     _overrides(b)
     b.set_defaults(fn=commands.cmd_build_model)

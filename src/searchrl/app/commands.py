@@ -57,6 +57,13 @@ def cmd_build_model(args: argparse.Namespace) -> None:
 
     if args.size not in SIZES:
         raise SearchRLError(f"unknown --size {args.size!r}; valid: {', '.join(SIZES)}")
+    tokenizer = args.tokenizer or ("qwen2.5" if args.size.startswith("qwen") else "local")
+    if tokenizer != "local":
+        out = build_local_model(
+            args.size, [], args.out, tokenizer=tokenizer, dtype=args.dtype, device=args.device
+        )
+        print(f"built a {args.size} Qwen2 model with the {tokenizer} tokenizer in {out} ({args.dtype})")
+        return
     exp = load_experiment(
         args.config, [*args.overrides, f"data.world_dir={args.world}"] if args.world else args.overrides
     )
@@ -64,7 +71,13 @@ def cmd_build_model(args: argparse.Namespace) -> None:
     if rt.world is None:
         raise SearchRLError("build-model trains its tokenizer on a synthetic world: pass --world DIR")
     out = build_local_model(
-        args.size, tokenizer_texts(rt.world, rt.env()), args.out, seed=exp.seed, tags=ALL_TAG_STRINGS
+        args.size,
+        tokenizer_texts(rt.world, rt.env()),
+        args.out,
+        seed=exp.seed,
+        tags=ALL_TAG_STRINGS,
+        dtype=args.dtype,
+        device=args.device,
     )
     print(f"built a {args.size} Qwen2 model and tokenizer in {out}")
 

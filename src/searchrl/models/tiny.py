@@ -153,6 +153,12 @@ def build_local_model(
         raise DataError(f"model size {size!r} has Qwen2.5's vocabulary: set model.tokenizer: qwen2.5")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise DataError(f"unknown dtype {dtype!r}; valid: float32, bfloat16, float16")
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = device
+    if kind not in ("cpu", "cuda"):
+        raise DataError(f"unknown device {device!r} to build the model on; valid: cpu, cuda, cuda:N")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with torch.device(device):
