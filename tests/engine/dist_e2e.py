@@ -69,7 +69,10 @@ ONLINE = (
     "ppo-lora",
     "steppo",
     "slate",
+    "grpo-async",
+    "grpo-lora-async",
 )
+ASYNC = {"max_staleness": 1}
 CASES: dict[str, dict[str, Any]] = {
     "grpo": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}},
     "grpo-full-logits": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lean": False},
@@ -95,6 +98,19 @@ CASES: dict[str, dict[str, Any]] = {
         "rewards": "[{name: stepsearch}, {name: dist_e2e_ids}]",
     },
     "slate": {"algorithm": "slate", "args": {"k": 2, "kl_coef": 0.05, "judge": "dist_e2e_text"}},
+    # asynchronous rollouts: each process's worker samples its share on a whole copy of the policy, filled
+    # from the trainer's parameters after every step (under ZeRO-3 gathered; with LoRA the adapter only)
+    "grpo-async": {
+        "algorithm": "grpo",
+        "args": {"group_size": 2, "kl_coef": 0.05, "rollout_correction": {"mode": "token_tis"}},
+        "async": True,
+    },
+    "grpo-lora-async": {
+        "algorithm": "grpo",
+        "args": {"group_size": 2, "kl_coef": 0.05, "rollout_correction": {"mode": "token_tis"}},
+        "async": True,
+        "lora": True,
+    },
     "sft": {"algorithm": "sft", "args": {}},
     "dpo": {"algorithm": "dpo", "args": {"beta": 0.5}},
     "prm": {"algorithm": "prm", "args": {}},
@@ -123,10 +139,12 @@ def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
     return over
 
 
-def trainer_config(steps: int = 3, lean: bool = True, packing: bool = False, balance: bool = False) -> Any:
+def trainer_config(
+    steps: int = 3, lean: bool = True, packing: bool = False, balance: bool = False, max_staleness: int = 0
+) -> Any:
     """Plain SGD without clipping, so that the update is the gradient itself and a wrong gradient shows
     in the weights (Adam's first step would hide its scale)."""
-    from searchrl.core.config import TrainerConfig
+    from searchrl.core.config import AsyncRolloutConfig, TrainerConfig
 
     return TrainerConfig(
         steps=steps,
@@ -140,6 +158,7 @@ def trainer_config(steps: int = 3, lean: bool = True, packing: bool = False, bal
         packing=packing,
         balance_ranks=balance,
         log_entropy=True,
+        async_rollout=AsyncRolloutConfig(max_staleness=max_staleness),
     )
 
 
@@ -168,7 +187,11 @@ def records(rt: Any, case: str) -> list[dict[str, Any]] | None:
     return pairs
 
 
-def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: bool = False) -> Any:
+def build(
+    world: str, model: str, out: Path, case: str, steps: int = 3, resume: bool = False, sync: bool = False
+) -> Any:
+    """The case's trainer; ``sync``: with synchronous rollouts even where the case is asynchronous (to
+    replay given episodes in one process)."""
     from searchrl.app.experiment import load_experiment
     from searchrl.app.runtime import Runtime
     from searchrl.engine.trainer import Trainer
@@ -181,7 +204,11 @@ def build(world: str, model: str, out: Path, case: str, steps: int = 3, resume: 
         algorithm_args=spec["args"],
         model_path=model,
         cfg=trainer_config(
-            steps, spec.get("lean", True), spec.get("packing", False), spec.get("balance", False)
+            steps,
+            spec.get("lean", True),
+            spec.get("packing", False),
+            spec.get("balance", False),
+            ASYNC["max_staleness"] if spec.get("async") and not sync else 0,
         ),
         out_dir=out,
         runtime=rt,
@@ -238,7 +265,36 @@ def instrument(tr: Any) -> dict[str, list[Any]]:
         return trajs, metrics
 
     tr.algo.collect = recorded
+    if tr.cfg.async_rollout.max_staleness:  # the worker's episodes, as the trainer takes them
+        take = tr._collect
+
+        def taken(step: int, indices: list[int]) -> Any:
+            trajs, metrics = take(step, indices)
+            seen["collected"].append(trajs)
+            seen["gen_calls"].append(0)
+            return trajs, metrics
+
+        tr._collect = taken
     return seen
+
+
+def worker_state(tr: Any) -> dict[str, Any]:
+    """The rollout worker's version and its copy's largest difference from the trainer's weights (gathered
+    under ZeRO-3, a collective); then the worker is stopped."""
+    from searchrl.engine.weights import gathered
+
+    with gathered(tr.engine, tr.policy) as w:
+        theirs = dict(tr.pipeline.model.named_parameters())
+        diff = max(float((v.float() - theirs[n].float().to(v.device)).abs().max()) for n, v in w.items())
+    out = {
+        "worker_version": tr.pipeline.version,
+        "worker_max_diff": diff,
+        "shipped": list(tr.pipeline.shipped),  # the parameters sent after each step
+        "parameters": list(w),
+    }
+    tr.pipeline.close()
+    tr.pipeline = None
+    return out
 
 
 def run_case(world: str, model: str, out_root: Path, case: str) -> None:
@@ -273,6 +329,8 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
         resumed, _ = build(world, model, out, case, resume=True)
         result["resumed_from"] = resumed.start_step
         result["resumed"] = resumed.step(2)
+    if tr.pipeline is not None:
+        result.update(worker_state(tr))
     tr.ckpt.export_model(out / "final")
     eng.wait()
     result["collected"] = seen["collected"][0] if seen["collected"] else None

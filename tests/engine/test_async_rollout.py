@@ -1,6 +1,7 @@
 """Asynchronous rollouts: the staleness cap, token versions across a weight update (partial rollouts), no
 starvation of long episodes, refusal where the worker cannot run, and a training run end to end."""
 
+import copy
 import threading
 import time
 
@@ -32,7 +33,7 @@ def pipeline(exp, steps, max_staleness, batch=2, group=2, **kw):
     policy, tok = load_policy(str(exp.model.path), exp.model.dtype, None, False, False)
     examples = rt.examples("train")
     p = AsyncRollout(
-        policy,
+        copy.deepcopy(policy),
         lambda m: GENERATORS.get("hf")(m, tok, env.tags.stop_strings, batch_size=8, continuous=True),
         env,
         tok,
@@ -67,7 +68,7 @@ def test_the_cap_holds_and_every_episode_is_trained_on_in_order(exp):
             with torch.no_grad():
                 for q in policy.parameters():
                     q.add_(1e-4)
-            p.sync(policy, i + 1)
+            p.sync(dict(policy.named_parameters()), i + 1)
     finally:
         p.close()
 
@@ -118,7 +119,7 @@ def test_a_partial_rollout_carries_both_versions_across_a_weight_update(exp):
     p._loop = slow_loop.__get__(p)
     p.start()
     assert gate.wait(30)
-    p.sync(policy, 1)  # the lock waits for the decode step in progress
+    p.sync(dict(policy.named_parameters()), 1)  # the lock waits for the decode step in progress
     trajs, m = p.take(0)
     p.close()
     seqs = [s.versions for t in trajs for s in t.segments if s.kind == "action"]
@@ -150,7 +151,7 @@ def test_long_episodes_are_not_starved(exp):
             buckets |= {k.rsplit("/", 1)[1] for k in done}
             # the worker's own throughput so far: it generated these tokens while busy
             assert float(m["async/worker_tokens_per_s"]) > 0 and float(m["async/worker_busy_s"]) >= 0
-            p.sync(policy, i + 1)
+            p.sync(dict(policy.named_parameters()), i + 1)
     finally:
         p.close()
     assert len(buckets) >= 2  # episodes of several lengths were measured
@@ -170,8 +171,16 @@ def test_refused_where_the_worker_cannot_run(exp, tmp_path):
         trainer_for(exp, "sft", cfg, records=[], out=tmp_path / "f")
 
 
-def test_grpo_trains_asynchronously_end_to_end(exp, tmp_path):
+def test_grpo_trains_asynchronously_end_to_end(make_exp, agent_model_dir, tmp_path):
     from searchrl.core.config import AsyncRolloutConfig
+
+    # a reward that varies within a group, so every step changes the weights the worker must receive
+    exp = make_exp(
+        f"model.path={agent_model_dir}",
+        "rollout.temperature=1.0",
+        "env.max_turns=3",
+        "rewards=[{name: test_trainer_length}]",
+    )
 
     cfg = TrainerConfig(
         steps=3,
@@ -183,12 +192,58 @@ def test_grpo_trains_asynchronously_end_to_end(exp, tmp_path):
     )
     args = {"kl_coef": 0.0, "rollout_correction": {"mode": "token_tis"}}
     tr = trainer_for(exp, "grpo", cfg, args=args, out=tmp_path / "a")
+    started, start = [], tr._start_pipeline
+    tr._start_pipeline = lambda step: (start(step), started.append(tr.pipeline))
     tr.run()
+    # the worker's copy received every step's weights: version 3, equal to the trained policy
+    (worker,) = started
+    theirs = dict(worker.model.named_parameters())
+    assert worker.version == 3
+    assert all(torch.equal(q, theirs[n]) for n, q in tr.policy.named_parameters())
     rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert rows[0]["async/staleness_max"] == 0  # step 0's episodes were sampled by the initial weights
     assert all(r["rollout_corr/w_mean"] > 0 for r in rows) and tr.pipeline is None  # closed
+    check_shipped_weights(rows)
+
+
+def check_shipped_weights(rows):
+    """Step 1's tokens were all sampled by the initial copy, so they match the trainer's recomputed log-probs
+    to rounding. (Later, a token sampled by the current version may still attend over keys and values an
+    older version computed, in a partial rollout, so only the first step is exact.)"""
+    assert rows[0]["async/fresh_token_frac"] == 1.0
+    assert rows[0]["async/logprob_max_diff_fresh"] < 1e-4
+    assert all(0.0 <= r["async/fresh_token_frac"] <= 1.0 for r in rows)
+
+
+def test_lora_ships_the_adapter_and_the_copy_equals_the_trainer(exp):
+    """With LoRA the trainer ships only the adapter after a step; the worker's copy, built once whole, then
+    equals the trainer's policy in every parameter."""
+    from types import SimpleNamespace
+
+    from searchrl.core.config import LoraConfig
+    from searchrl.engine.weights import gathered, whole_copy
+    from searchrl.models.policy import load_policy
+    from searchrl.models.weights import trainable_names
+
+    policy, _ = load_policy(str(exp.model.path), "float32", LoraConfig(r=4, alpha=8, dropout=0.0))
+    eng = SimpleNamespace(unwrap=lambda m: m, is_deepspeed=False, zero_stage=0)
+    worker = whole_copy(eng, policy, lambda: None)
+    names = trainable_names(policy)
+    assert names and all("lora_" in n for n in names)
+    with torch.no_grad():
+        for n, q in policy.named_parameters():
+            q.add_(0.01 if n in names else 0.0)
+    with gathered(eng, policy, names) as w:
+        assert set(w) == set(names)
+        p = AsyncRollout(
+            worker, lambda m: None, None, None, None, [], lambda s: [], 1, 8, 1, 0, 1, shipped=names
+        )
+        p.sync(w, 1)
+    theirs = dict(worker.named_parameters())
+    assert all(torch.equal(q, theirs[n]) for n, q in policy.named_parameters())
+    assert p.version == 1
 
 
 def test_max_staleness_zero_is_the_synchronous_trainer(exp, tmp_path):
@@ -212,7 +267,8 @@ def test_rollout_without_a_stream_keeps_versions_empty(exp):
 
 
 def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monkeypatch):
-    """Under a DeepSpeed launch, or with vLLM, the refusal comes at load time, not after the warm start."""
+    """Where the worker cannot run (vLLM, SLATE, dynamic sampling) the refusal comes at load time, not after
+    the warm start; DDP and DeepSpeed launches are accepted (each process runs its own worker)."""
     from searchrl.app.experiment import check_arguments
 
     exp = make_exp("trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}")
@@ -220,19 +276,16 @@ def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monke
     monkeypatch.setenv("WORLD_SIZE", "2")
     check_arguments(exp)  # DDP: each process runs its own worker
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    with pytest.raises(
-        ConfigError, match="under DeepSpeed .ZeRO. each of the 2 processes holds a shard"
-    ) as e:
-        check_arguments(exp)
-    assert e.value.key == "trainer.async_rollout.max_staleness"
+    check_arguments(exp)  # ZeRO: the worker's whole copy is filled from gathered parameters
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
-    with pytest.raises(ConfigError, match="dynamic sampling"):
+    with pytest.raises(ConfigError, match="dynamic sampling") as e:
         check_arguments(
             make_exp(
                 "trainer.async_rollout.max_staleness=1",
                 "algorithm={name: grpo, dynamic_sampling: {enabled: true}}",
             )
         )
+    assert e.value.key == "trainer.async_rollout.max_staleness"
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ConfigError, match="backend 'vllm'"):
         check_arguments(

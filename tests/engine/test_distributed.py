@@ -150,7 +150,8 @@ def test_first_step_equals_one_process_on_the_union(run, case, tmp_path, world_d
     """Metrics and weights after the first step equal a single process trained on both processes' data."""
     _, out = run
     r = ranks(out, case)
-    tr, _ = dist_e2e.build(str(world_dir), str(agent_model_dir), tmp_path / case, case, steps=1)
+    # an asynchronous case is replayed synchronously on the episodes its processes' workers sampled
+    tr, _ = dist_e2e.build(str(world_dir), str(agent_model_dir), tmp_path / case, case, steps=1, sync=True)
     if case in dist_e2e.ONLINE:
         union = r[0]["collected"] + r[1]["collected"]
         tr.algo.collect = lambda indices: (union, {})
@@ -170,6 +171,25 @@ def test_first_step_equals_one_process_on_the_union(run, case, tmp_path, world_d
         assert torch.allclose(delta_multi, delta_single, rtol=1e-3, atol=1e-7), k
         moved += bool(delta_single.abs().sum() > 0)
     assert moved > 0
+
+
+@pytest.mark.parametrize("case", ["grpo-async", "grpo-lora-async"])
+def test_asynchronous_workers_hold_the_trainers_weights(run, case):
+    """After two steps each process's rollout worker holds version 2, equal to the trainer's weights (under
+    ZeRO-3 gathered whole), having received only the trainable parameters (with LoRA the adapter), and every
+    token trained on was sampled by a version at most max_staleness behind."""
+    _, out = run
+    for x in ranks(out, case):
+        assert x["worker_version"] == 2 and x["worker_max_diff"] == 0.0
+        if "lora" in case:
+            assert x["shipped"] and all("lora_" in n for n in x["shipped"])
+            assert len(x["shipped"]) < len(x["parameters"])
+        else:
+            assert x["shipped"] == x["parameters"]
+        for m in x["logged"]:
+            assert m["async/staleness_max"] <= dist_e2e.ASYNC["max_staleness"]
+        assert x["logged"][0]["async/fresh_token_frac"] == 1.0  # step 1: sampled by the initial copy
+        assert x["logged"][0]["async/logprob_max_diff_fresh"] < 1e-4  # the copy is the trainer's policy
 
 
 def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> None:
@@ -265,12 +285,14 @@ def test_train_pipeline_under_accelerate_launch(tmp_path, world_dir, agent_model
     assert "grpo (test)" in proc.stdout
 
 
-def test_asynchronous_rollouts_under_ddp(tmp_path, world_dir, agent_model_dir):
-    """`searchrl train` with max_staleness 1 on 2 DDP processes: each runs its own rollout worker on its
-    share of every step's questions; the staleness cap holds, and the processes' metrics are reduced."""
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_asynchronous_rollouts_under_accelerate_launch(tmp_path, world_dir, agent_model_dir, backend):
+    """`searchrl train` with max_staleness 1 on 2 processes, DDP and ZeRO-3: each runs its own rollout worker
+    on its share of every step's questions (under ZeRO-3 on a whole copy filled from gathered parameters);
+    the staleness cap holds, and the processes' metrics are reduced."""
     out = tmp_path / "run"
     cmd = quickstart_cmd(
-        "cpu_ddp.yaml",
+        BACKENDS[backend],
         f"data.world_dir={world_dir}",
         f"model.path={agent_model_dir}",
         f"output_dir={out}",
@@ -279,11 +301,12 @@ def test_asynchronous_rollouts_under_ddp(tmp_path, world_dir, agent_model_dir):
         "trainer.async_rollout.max_staleness=1",
         "algorithm.rollout_correction={mode: token_tis}",
     )
-    launch(cmd, launch_env("cpu_ddp.yaml"), tmp_path)
+    launch(cmd, launch_env(BACKENDS[backend]), tmp_path)
     import json
 
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
+    assert rows[0]["async/fresh_token_frac"] == 1.0 and rows[0]["async/logprob_max_diff_fresh"] < 1e-4
     assert all(r["async/staleness_max"] <= 1 for r in rows) and rows[0]["async/staleness_max"] == 0
     assert all(r["train/sequences"] > 0 and r["rollout_corr/w_mean"] > 0 for r in rows)
 

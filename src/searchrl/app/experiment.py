@@ -225,18 +225,12 @@ def _check_reward_arguments(exp: Experiment, source: str) -> None:
 
 
 def _check_async(exp: Experiment, online: bool, own_collect: bool, resamples: bool, source: str) -> None:
-    """``trainer.async_rollout`` where this version cannot run it (the world size as the launcher set it)."""
-    import os
-
+    """``trainer.async_rollout`` where this version cannot run it."""
     from searchrl.rollout.async_rollout import refusal
 
     assert exp.algorithm is not None
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    sharded = (
-        os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    )  # set by accelerate launch
     backend, loop = exp.rollout.backend, exp.rollout.loop
-    why = refusal(exp.algorithm.name, online, own_collect, backend, loop, world, resamples, sharded)
+    why = refusal(exp.algorithm.name, online, own_collect, backend, loop, resamples)
     if why is not None:
         raise ConfigError(
             why,

@@ -30,6 +30,9 @@ def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = 
     step_ends = torch.zeros((B, S), dtype=torch.long)
     step_mask = torch.zeros((B, S), dtype=torch.bool)
     step_rewards = torch.zeros((B, S), dtype=torch.float32)
+    # the policy version that sampled each action token (asynchronous rollouts), -1 elsewhere
+    versioned = any(seg.versions is not None for t in trajs for seg in t.segments)
+    versions = torch.full((B, T), -1, dtype=torch.long) if versioned else None
     for b, (traj, n) in enumerate(zip(trajs, lengths)):
         ids = traj.token_ids[:n]
         input_ids[b, :n] = torch.tensor(ids, dtype=torch.long)
@@ -45,6 +48,8 @@ def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = 
                         step_ids[b, pos:end] = seg_to_step[si]
                     if seg.logprobs is not None:
                         sampled[b, pos:end] = torch.tensor(seg.logprobs[: end - pos])
+                    if versions is not None and seg.versions is not None:
+                        versions[b, pos:end] = torch.tensor(seg.versions[: end - pos])
                 elif seg.kind == "observation":
                     obs_mask[b, pos:end] = True
             pos += len(seg.token_ids)
@@ -68,4 +73,5 @@ def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = 
         group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
         pair_ids=torch.tensor([t.pair_id for t in trajs], dtype=torch.long),
         chosen=torch.tensor([t.chosen for t in trajs], dtype=torch.bool),
+        extras={} if versions is None else {"versions": versions},
     )

@@ -26,6 +26,7 @@ from searchrl.engine.balance import balance
 from searchrl.engine.engine import Engine, NonFiniteError
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule
+from searchrl.engine.weights import gathered
 from searchrl.models.packing import Packed, pack
 from searchrl.models.policy import Reference, forward, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
@@ -56,6 +57,7 @@ class TrainingStep:
     old_pass: bool
     _service_totals: dict[str, float]
     _sampler_diff: list[float]
+    _version_diff: list[float]
     _corr_sums: dict[str, float]
     _grad_norms: list[float]
     # the trainer's: this step's rows from the asynchronous worker or the algorithm, and their metrics
@@ -129,6 +131,16 @@ class TrainingStep:
         d[0] += float(diff.sum())
         d[1] += float(batch.loss_mask.sum())
         d[2] = max(d[2], float(diff.max())) if diff.numel() else d[2]
+        versions = batch.extras.get("versions")
+        if versions is not None:  # asynchronous rollouts: tokens the trainer's own weights sampled, and older
+            fresh = batch.loss_mask * (versions == self.algo.step)
+            stale = batch.loss_mask * ((versions >= 0) & (versions != self.algo.step))
+            v = self._version_diff
+            v[0] += float((diff * fresh).sum())
+            v[1] += float(fresh.sum())
+            v[2] = max(v[2], float((diff * fresh).max())) if diff.numel() else v[2]
+            v[3] += float((diff * stale).sum())
+            v[4] += float(stale.sum())
         corr = self.correction
         if corr is None:
             return
@@ -148,6 +160,14 @@ class TrainingStep:
             "rollout/logprob_abs_diff": Mean(total, tokens),
             "rollout/logprob_max_diff": Max(worst),
         }
+        if self.pipeline is not None:
+            # split by the version that sampled: the trainer's current weights (the kernels' mismatch, and in a
+            # partial rollout the keys and values older versions cached) and older versions (staleness)
+            f_sum, f_n, f_max, s_sum, s_n = self._version_diff
+            out["async/logprob_abs_diff_fresh"] = Mean(f_sum, f_n)
+            out["async/logprob_max_diff_fresh"] = Max(f_max)
+            out["async/logprob_abs_diff_stale"] = Mean(s_sum, s_n)
+            out["async/fresh_token_frac"] = Mean(f_n, f_n + s_n)
         if self.correction is not None:
             a = self._corr_sums
             out.update(
@@ -233,7 +253,11 @@ class TrainingStep:
         if self.ctx.generator is not None:
             self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
         if self.pipeline is not None:  # the worker samples with these weights from its next decode step
-            self.pipeline.sync(self.engine.unwrap(self.policy), step + 1)
+            with (
+                self.engine.phase("weight sync", step),
+                gathered(self.engine, self.policy, self.pipeline.shipped) as w,
+            ):
+                self.pipeline.sync(w, step + 1)
         local.update(self._step_metrics(trajs, batch, sums, t_collect, t0))
         out = self._reduce(local, step)
         self.samples.finish(out)
@@ -253,6 +277,7 @@ class TrainingStep:
         batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
         self.samples.start(step, trajs, batch)
         self._sampler_diff = [0.0, 0.0, 0.0]  # |sampled − recomputed log-prob|: sum, tokens, max
+        self._version_diff = [0.0] * 5  # the same over tokens of the current version (sum, n, max) and older
         self._corr_sums = defaultdict(float)
         return trajs, batch, {**collect_metrics}
 

@@ -27,7 +27,10 @@ from searchrl.engine.metrics import MetricsSink
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule, batch_shape, make_optimizer
 from searchrl.engine.step import TrainingStep
+from searchrl.engine.weights import whole_copy
+from searchrl.models.load import unpartitioned
 from searchrl.models.policy import Reference, load_policy
+from searchrl.models.weights import trainable_names
 from searchrl.rollout.generator import GENERATORS, SamplingParams
 
 if TYPE_CHECKING:
@@ -69,6 +72,7 @@ class Trainer(TrainingStep):
     ) -> None:
         exp = runtime.exp
         self.cfg, self.out, self.seed, self.rt, self.algorithm = cfg, out_dir, seed, runtime, algorithm
+        self.model_path = model_path  # the rollout worker's copy is loaded from it under DeepSpeed
         algo_cls: Any = ALGORITHMS.get(algorithm)
         algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
         self.req = req = algo_cls.requires(algo_cfg, exp.env)
@@ -81,14 +85,7 @@ class Trainer(TrainingStep):
             mixed_precision=cfg.mixed_precision,
             seed=seed,
         )
-        policy, self.tokenizer = load_policy(
-            str(model_path),
-            exp.model.dtype,
-            exp.model.lora,
-            req.value_head,
-            req.detach_value_trunk,
-            exp.model.gradient_checkpointing,
-        )
+        policy, self.tokenizer = self._load_policy()
         optimizer, scheduler = make_optimizer(cfg, algo_cls.param_groups(algo_cfg, policy, cfg.lr))
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
         self.temperature = exp.rollout.temperature if req.online else 1.0
@@ -135,6 +132,19 @@ class Trainer(TrainingStep):
             desc=algorithm,
         )
 
+    def _load_policy(self, training: bool = True) -> tuple[Any, Any]:
+        """The policy as configured (LoRA, value head) and its tokenizer; activation checkpointing only for
+        training (the rollout worker's copy never runs a backward pass)."""
+        exp, req = self.rt.exp, self.req
+        return load_policy(
+            str(self.model_path),
+            exp.model.dtype,
+            exp.model.lora,
+            req.value_head,
+            req.detach_value_trunk,
+            training and exp.model.gradient_checkpointing,
+        )
+
     def _context(self, records: list[dict[str, Any]] | None) -> Context:
         """The environment, and for online algorithms a generator on the policy and the reward pipeline."""
         exp, rt, eng, online = self.rt.exp, self.rt, self.engine, self.req.online
@@ -173,18 +183,17 @@ class Trainer(TrainingStep):
         """Refuse ``trainer.async_rollout`` where this version cannot run it, with the reason."""
         if self.cfg.async_rollout.max_staleness == 0:
             return
-        from accelerate.utils import DistributedType
-
         from searchrl.rollout.async_rollout import refusal
 
         exp = self.rt.exp
-        state = distributed_state()
-        world = state.num_processes
         resamples = getattr(getattr(algo_cfg, "dynamic_sampling", None), "enabled", False)
-        backend, loop = exp.rollout.backend, exp.rollout.loop
-        sharded = state.distributed_type == DistributedType.DEEPSPEED
         why = refusal(
-            self.algorithm, self.req.online, not algo_cls.episodic, backend, loop, world, resamples, sharded
+            self.algorithm,
+            self.req.online,
+            not algo_cls.episodic,
+            exp.rollout.backend,
+            exp.rollout.loop,
+            resamples,
         )
         if why is not None:
             raise ConfigError(
@@ -201,8 +210,15 @@ class Trainer(TrainingStep):
         if self.pipeline is not None:
             self.pipeline.close()
         exp, ctx, eng = self.rt.exp, self.ctx, self.engine
+
+        def load() -> Any:  # the policy's architecture, whole in this process (any DeepSpeed stage)
+            with unpartitioned():
+                return self._load_policy(training=False)[0]
+
+        with eng.phase("rollout worker copy", step):
+            worker = whole_copy(eng, self.policy, load)
         self.pipeline = AsyncRollout(
-            eng.unwrap(self.policy),
+            worker,
             lambda model: GENERATORS.get("hf")(
                 model,
                 self.tokenizer,
@@ -221,6 +237,7 @@ class Trainer(TrainingStep):
             self.cfg.async_rollout.max_staleness,
             start_step=step,
             end_step=self.cfg.steps,
+            shipped=trainable_names(eng.unwrap(self.policy)),
         )
         self.pipeline.start()
 

@@ -11,7 +11,7 @@ from searchrl.core.errors import DataError
 
 
 @contextmanager
-def _unpartitioned() -> Iterator[None]:
+def unpartitioned() -> Iterator[None]:
     """Inside a DeepSpeed ZeRO-3 run, transformers builds every model partitioned across the processes
     (zero.Init): an empty placeholder per parameter. A model for one process alone (evaluation, scoring)
     must be loaded whole, so the run's DeepSpeed config is hidden from transformers while it loads."""
@@ -62,7 +62,7 @@ def load_model_and_tokenizer(path: str | Path, dtype: str = "float32", whole: bo
             f"model path {path}: no such local directory, and no hub model of that id could be loaded "
             f"({first[:200]})"
         ) from None
-    with _unpartitioned() if whole else nullcontext():
+    with unpartitioned() if whole else nullcontext():
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=torch_dtype, local_files_only=local, **kwargs
         )

@@ -18,17 +18,19 @@ starvation that consuming whatever finishes first causes: tinker-cookbook #822, 
 waits for its longest episode, the worker decodes steps i+1 … i+max_staleness, so the continuous batch
 stays full. ``max_staleness: 0`` is the synchronous trainer (it does not use this module).
 
-Runs in one process: the worker is a thread (PyTorch releases the GIL inside its kernels, so decoding and
-training overlap on separate cores). A run is not bit-reproducible (which version samples a token depends
+The worker is a thread of the training process (PyTorch releases the GIL inside its kernels, so decoding
+and training overlap on separate cores). Under DDP or DeepSpeed (ZeRO-3 included) each process runs its own
+worker on its share of every step's questions, with a whole copy of the policy that the trainer fills after
+each optimizer step (`searchrl.engine.weights`: under ZeRO-3 one gather of the trainable parameters, the
+adapter only with LoRA). A run is not bit-reproducible (which version samples a token depends
 on timing); a resumed run restarts the pipeline at its checkpoint's step.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -38,6 +40,7 @@ from searchrl.core.aggregate import Max, Mean, Sum
 from searchrl.core.types import Trajectory
 from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
+from searchrl.models.weights import load_into
 from searchrl.rollout.agent_loop import WINDOW
 from searchrl.rollout.generator import Generation, SamplingParams
 from searchrl.rollout.loop import RolloutStats, finish, ready, start_trajectories, step_env
@@ -49,15 +52,13 @@ def refusal(
     own_collect: bool,
     backend: str,
     loop: str,
-    world: int,
     resamples: bool = False,
-    sharded: bool = False,
 ) -> str | None:
     """Why this version cannot run ``algorithm`` with asynchronous rollouts (None: it can). ``own_collect``:
     the algorithm replaces the episode collection (SLATE's step-level search); ``resamples``: it draws more
-    questions within a step (DAPO's dynamic sampling); ``sharded``: DeepSpeed holds the weights (ZeRO), so a
-    process has no whole policy to copy. Under DDP each of the ``world`` processes runs its own worker on its
-    own share of each step's questions, with the same weights after every update."""
+    questions within a step (DAPO's dynamic sampling). Under DDP or DeepSpeed (ZeRO-3 included) each process
+    runs its own worker on its own share of each step's questions, on a whole copy of the policy that gets the
+    trainer's weights after every update (`engine.weights`)."""
     if not online:
         return f"'{algorithm}' trains on given records; asynchronous rollouts are for online algorithms"
     if own_collect:
@@ -74,12 +75,6 @@ def refusal(
         return (
             "the rollout worker runs the HF backend's per-episode loop (rollout.backend: hf, rollout.loop: "
             f"episode), not backend '{backend}' with loop '{loop}'"
-        )
-    if sharded:
-        return (
-            f"the rollout worker samples with a whole copy of the policy; under DeepSpeed (ZeRO) each of the "
-            f"{world} processes holds a shard, and gathering and shipping the weights to the worker after each "
-            "step is not built yet (launch with DDP, e.g. experiments/accelerate/cpu_ddp.yaml, or max_staleness: 0)"
         )
     return None
 
@@ -124,7 +119,7 @@ class AsyncRollout:
 
     def __init__(
         self,
-        policy: torch.nn.Module,
+        model: torch.nn.Module,
         make_generator: Callable[[torch.nn.Module], Any],
         env: SearchEnv,
         tokenizer: Any,
@@ -137,12 +132,16 @@ class AsyncRollout:
         start_step: int,
         end_step: int,
         window: int = WINDOW,
+        shipped: list[str] | None = None,
     ) -> None:
         if max_staleness < 1:
             raise ValueError(
                 f"max_staleness must be at least 1 for asynchronous rollouts, got {max_staleness}"
             )
-        self.model = copy.deepcopy(policy).eval()  # the sampler's weights; the trainer's move under it
+        # the sampler's own whole copy of the policy (`engine.weights.whole_copy`); the trainer's move under it
+        self.model = model.eval()
+        # the parameters `sync` receives after each optimizer step (the trainable ones; None: all)
+        self.shipped = shipped if shipped is not None else [n for n, _ in model.named_parameters()]
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.gen = make_generator(self.model)
@@ -206,14 +205,14 @@ class AsyncRollout:
         self._reported_busy = busy
         return batch.trajs, metrics
 
-    def sync(self, policy: torch.nn.Module, version: int) -> None:
-        """Ship the trainer's weights after its optimizer step ``version``: loaded between two decode
-        steps; tokens sampled from then on carry ``version``."""
-        state = {k: v.detach() for k, v in policy.state_dict().items()}
+    def sync(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Ship the trainer's weights after its optimizer step ``version`` (parameters by name: the trainable
+        ones, `engine.weights.gathered`): loaded between two decode steps; tokens sampled from then on carry
+        ``version``."""
         self._sync_waiting.set()  # the worker yields the lock at its next decode-step boundary
         with self._weights:
             self._sync_waiting.clear()
-            self.model.load_state_dict(state)
+            load_into(self.model, weights)
             self.version = version
         with self._cond:
             self._cond.notify_all()
