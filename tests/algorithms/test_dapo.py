@@ -127,9 +127,9 @@ def test_overlong_penalty_is_dapo_eq_13():
 
 
 def test_async_rollouts_refuse_dynamic_sampling():
-    why = refusal("grpo", True, False, "hf", "episode", resamples=True)
+    why = refusal("grpo", True, False, "episode", resamples=True)
     assert why is not None and "dynamic_sampling" in why
-    assert refusal("grpo", True, False, "hf", "episode") is None
+    assert refusal("grpo", True, False, "episode") is None
 
 
 # ------------------------------------------------------------------------------------------- config

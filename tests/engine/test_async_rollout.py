@@ -267,8 +267,8 @@ def test_rollout_without_a_stream_keeps_versions_empty(exp):
 
 
 def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monkeypatch):
-    """Where the worker cannot run (vLLM, SLATE, dynamic sampling) the refusal comes at load time, not after
-    the warm start; DDP and DeepSpeed launches are accepted (each process runs its own worker)."""
+    """Where the worker cannot run (the turn loop, SLATE, dynamic sampling) the refusal comes at load time,
+    not after the warm start; DDP and DeepSpeed launches and the vLLM backend are accepted."""
     from searchrl.app.experiment import check_arguments
 
     exp = make_exp("trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}")
@@ -287,11 +287,13 @@ def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monke
         )
     assert e.value.key == "trainer.async_rollout.max_staleness"
     monkeypatch.setenv("WORLD_SIZE", "1")
-    with pytest.raises(ConfigError, match="backend 'vllm'"):
+    # the vLLM engine samples for the worker (its per-episode stream); the turn loop cannot
+    check_arguments(
+        make_exp("trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}", "rollout.backend=vllm")
+    )
+    with pytest.raises(ConfigError, match="not loop 'turn'"):
         check_arguments(
-            make_exp(
-                "trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}", "rollout.backend=vllm"
-            )
+            make_exp("trainer.async_rollout.max_staleness=1", "algorithm={name: grpo}", "rollout.loop=turn")
         )
     with pytest.raises(ConfigError, match="collects step by step"):
         check_arguments(make_exp("trainer.async_rollout.max_staleness=2", "algorithm={name: slate}"))

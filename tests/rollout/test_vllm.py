@@ -202,3 +202,102 @@ def test_the_agent_loop_on_vllm_matches_its_turn_loop(engine, world_bm25, small_
             if sa.logprobs is not None:
                 assert torch.allclose(torch.tensor(sa.logprobs), torch.tensor(sb.logprobs), atol=1e-4)
     assert (so.tokens_generated, so.actions, so.searches) == (sn.tokens_generated, sn.actions, sn.searches)
+
+
+@pytest.mark.vllm
+def test_asynchronous_rollouts_on_the_vllm_engine(make_exp, small_model_dir):
+    """The rollout worker drives the process's vLLM engine (its per-episode stream): every token carries the
+    version of the engine's weights during the step that sampled it, the trainer loads its weights into
+    the engine after every optimizer step (requests in flight go on), and the cap holds. Run in a process of
+    its own by .ci/vllm (a second engine in one process would count the first one's memory as used)."""
+    from searchrl.app.runtime import Runtime
+    from searchrl.core.config import AsyncRolloutConfig, TrainerConfig
+    from searchrl.engine.metrics import read_metrics
+    from searchrl.engine.trainer import Trainer
+
+    exp = make_exp(
+        f"model.path={small_model_dir}",
+        "rollout.backend=vllm",
+        "rollout.backend_args={gpu_memory_utilization: 0.2, dtype: float32}",
+        "rollout.temperature=1.0",
+        "rewards=[{name: test_vllm_len}]",
+    )
+    cfg = TrainerConfig(
+        steps=3,
+        batch_size=2,
+        micro_batch_size=8,
+        lr=0.05,
+        optimizer="sgd",
+        max_grad_norm=1e9,
+        save_every=10**6,
+        async_rollout=AsyncRolloutConfig(max_staleness=1),
+    )
+    tr = Trainer(
+        algorithm="grpo",
+        algorithm_args={"kl_coef": 0.0, "group_size": 4, "rollout_correction": {"mode": "token_tis"}},
+        model_path=exp.model.path,
+        cfg=cfg,
+        out_dir=exp.out,
+        runtime=Runtime(exp),
+        seed=0,
+    )
+    gen = tr.ctx.generator
+    tr.run()
+    rows = read_metrics(exp.out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    # step 1: every token sampled by the engine's first weights, the trainer's own: only the kernels differ
+    assert rows[0]["async/fresh_token_frac"] == 1.0 and rows[0]["async/logprob_max_diff_fresh"] < 2e-3
+    assert gen.syncs == 1 + 3  # loaded at the start and after every optimizer step
+    _, tok = load_model_and_tokenizer(exp.model.path)
+    prompt = tok("Question: who is Keve?\n")["input_ids"]
+    [g] = gen.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=12))
+    assert gen.syncs == 4  # nothing stale: the engine already holds the last step's weights
+    assert torch.allclose(torch.tensor(g.logprobs), recompute(tr.policy, prompt, g, 1.0), atol=2e-3)
+
+
+def test_the_stream_gathers_each_steps_tokens_with_the_engines_version():
+    """`VLLMStream` on a scripted engine (runs without vLLM): each engine step's delta is appended to its
+    request with the stream's version at that step, and a finished request gives the whole generation."""
+    from types import SimpleNamespace as NS
+
+    from searchrl.rollout.vllm import VLLMGenerator, VLLMStream
+
+    def out(rid, ids, finished=False, reason=None):
+        lps = [{t: NS(logprob=-0.1 * t)} for t in ids]
+        return NS(
+            request_id=rid, finished=finished, outputs=[NS(token_ids=ids, logprobs=lps, finish_reason=reason)]
+        )
+
+    class Engine:
+        def __init__(self):
+            self.added, self.aborted, self.script = [], [], []
+
+        def add_request(self, rid, prompt, sp):
+            self.added.append(rid)
+
+        def step(self):
+            return self.script.pop(0)(self.added)
+
+        def abort_request(self, rids):
+            self.aborted += rids
+
+    engine = Engine()
+    gen = NS(llm=NS(llm_engine=engine), _sampling=lambda *a, **k: None, eos_ids={2})
+    gen._finished = lambda *a: VLLMGenerator._finished(gen, *a)
+    s = VLLMStream(gen, SamplingParams(temperature=1.0, max_new_tokens=8))
+    s.add("a", [5, 6])
+    s.add("b", [7])
+    engine.script = [
+        lambda r: [out(r[0], [11]), out(r[1], [21])],
+        lambda r: [out(r[0], [12, 13]), out(r[1], [2], finished=True, reason="stop")],
+        lambda r: [out(r[0], [14], finished=True, reason="stop")],
+    ]
+    assert s.step() == []
+    s.version = 3  # new weights loaded between two engine steps
+    [(key_b, gb)] = s.step()
+    [(key_a, ga)] = s.step()
+    assert key_b == "b" and gb.token_ids == [21, 2] and gb.finish == "eos" and gb.versions == [0, 3]
+    assert key_a == "a" and ga.token_ids == [11, 12, 13, 14] and ga.versions == [0, 3, 3, 3]
+    assert ga.finish == "stop" and ga.logprobs == pytest.approx([-1.1, -1.2, -1.3, -1.4])
+    assert len(s) == 0 and not s.partial

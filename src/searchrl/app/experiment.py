@@ -229,8 +229,7 @@ def _check_async(exp: Experiment, online: bool, own_collect: bool, resamples: bo
     from searchrl.rollout.async_rollout import refusal
 
     assert exp.algorithm is not None
-    backend, loop = exp.rollout.backend, exp.rollout.loop
-    why = refusal(exp.algorithm.name, online, own_collect, backend, loop, resamples)
+    why = refusal(exp.algorithm.name, online, own_collect, exp.rollout.loop, resamples)
     if why is not None:
         raise ConfigError(
             why,

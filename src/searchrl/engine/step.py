@@ -253,11 +253,13 @@ class TrainingStep:
         if self.ctx.generator is not None:
             self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
         if self.pipeline is not None:  # the worker samples with these weights from its next decode step
-            with (
-                self.engine.phase("weight sync", step),
-                gathered(self.engine, self.policy, self.pipeline.shipped) as w,
-            ):
-                self.pipeline.sync(w, step + 1)
+            with self.engine.phase("weight sync", step):
+                if self.pipeline.model is None:  # the vLLM engine loads the policy (gathered, LoRA merged)
+                    gen: Any = self.ctx.generator
+                    self.pipeline.sync_with(lambda: gen.sync(reset_prefix_cache=False), step + 1)
+                else:
+                    with gathered(self.engine, self.policy, self.pipeline.shipped) as w:
+                        self.pipeline.sync(w, step + 1)
         local.update(self._step_metrics(trajs, batch, sums, t_collect, t0))
         out = self._reduce(local, step)
         self.samples.finish(out)

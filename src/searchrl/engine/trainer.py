@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from searchrl.algorithms import ALGORITHMS
 from searchrl.algorithms.base import Algorithm, Context
@@ -191,7 +191,6 @@ class Trainer(TrainingStep):
             self.algorithm,
             self.req.online,
             not algo_cls.episodic,
-            exp.rollout.backend,
             exp.rollout.loop,
             resamples,
         )
@@ -210,23 +209,32 @@ class Trainer(TrainingStep):
         if self.pipeline is not None:
             self.pipeline.close()
         exp, ctx, eng = self.rt.exp, self.ctx, self.engine
+        worker: Any = None
+        if exp.rollout.backend == "vllm":  # the process's engine samples; it loads the policy now, gathered
+            assert ctx.generator is not None
+            with eng.phase("rollout worker copy", step):
+                cast(Any, ctx.generator).sync(reset_prefix_cache=False)
+            engine = ctx.generator
+            make: Any = lambda _model: engine  # noqa: E731
+        else:
 
-        def load() -> Any:  # the policy's architecture, whole in this process (any DeepSpeed stage)
-            with unpartitioned():
-                return self._load_policy(training=False)[0]
+            def load() -> Any:  # the policy's architecture, whole in this process (any DeepSpeed stage)
+                with unpartitioned():
+                    return self._load_policy(training=False)[0]
 
-        with eng.phase("rollout worker copy", step):
-            worker = whole_copy(eng, self.policy, load)
-        self.pipeline = AsyncRollout(
-            worker,
-            lambda model: GENERATORS.get("hf")(
+            with eng.phase("rollout worker copy", step):
+                worker = whole_copy(eng, self.policy, load)
+            make = lambda model: GENERATORS.get("hf")(  # noqa: E731
                 model,
                 self.tokenizer,
                 ctx.env.stop_strings,
                 batch_size=exp.rollout.batch_size,
                 continuous=True,
                 **exp.rollout.backend_args,
-            ),
+            )
+        self.pipeline = AsyncRollout(
+            worker,
+            make,
             ctx.env,
             self.tokenizer,
             ctx.sampling,
@@ -237,7 +245,7 @@ class Trainer(TrainingStep):
             self.cfg.async_rollout.max_staleness,
             start_step=step,
             end_step=self.cfg.steps,
-            shipped=trainable_names(eng.unwrap(self.policy)),
+            shipped=trainable_names(eng.unwrap(self.policy)) if worker is not None else [],
         )
         self.pipeline.start()
 

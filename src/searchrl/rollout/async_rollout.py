@@ -1,8 +1,8 @@
 """Asynchronous rollouts under a staleness cap, with partial rollouts.
 
 A worker thread keeps a continuous batch of episodes decoding (the per-episode agent loop of
-`searchrl.rollout.agent_loop`, on the generator's ``stream``) on its own copy of the policy, while the trainer
-trains on earlier episodes. After each optimizer step the trainer ships the weights (`sync`): the worker
+`searchrl.rollout.agent_loop`, on the generator's ``stream``) on its own copy of the policy (HF backend) or on
+the process's vLLM engine (vLLM backend), while the trainer trains on earlier episodes. After each optimizer step the trainer ships the weights (`sync`): the worker
 loads them between two decode steps, so episodes in flight go on with the new weights (partial rollouts:
 nothing is dropped) and every token records the policy version whose forward sampled it. The keys and values
 already cached for a running episode are kept, as in vLLM-based partial rollouts; the recorded log-probs
@@ -50,15 +50,14 @@ def refusal(
     algorithm: str,
     online: bool,
     own_collect: bool,
-    backend: str,
     loop: str,
     resamples: bool = False,
 ) -> str | None:
     """Why this version cannot run ``algorithm`` with asynchronous rollouts (None: it can). ``own_collect``:
     the algorithm replaces the episode collection (SLATE's step-level search); ``resamples``: it draws more
     questions within a step (DAPO's dynamic sampling). Under DDP or DeepSpeed (ZeRO-3 included) each process
-    runs its own worker on its own share of each step's questions, on a whole copy of the policy that gets the
-    trainer's weights after every update (`engine.weights`)."""
+    runs its own worker on its own share of each step's questions, on a whole copy of the policy (HF backend)
+    or on its vLLM engine, either of which gets the trainer's weights after every update."""
     if not online:
         return f"'{algorithm}' trains on given records; asynchronous rollouts are for online algorithms"
     if own_collect:
@@ -71,10 +70,10 @@ def refusal(
             "dynamic sampling draws more questions until a step's groups are informative, so a step's "
             "episodes are not known ahead of the trainer; set algorithm.dynamic_sampling.enabled: false"
         )
-    if backend != "hf" or loop != "episode":
+    if loop != "episode":
         return (
-            "the rollout worker runs the HF backend's per-episode loop (rollout.backend: hf, rollout.loop: "
-            f"episode), not backend '{backend}' with loop '{loop}'"
+            "the rollout worker runs the per-episode loop (rollout.loop: episode; its episodes join and leave "
+            f"the running batch one by one), not loop '{loop}'"
         )
     return None
 
@@ -119,8 +118,8 @@ class AsyncRollout:
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        make_generator: Callable[[torch.nn.Module], Any],
+        model: torch.nn.Module | None,
+        make_generator: Callable[[torch.nn.Module | None], Any],
         env: SearchEnv,
         tokenizer: Any,
         params: SamplingParams,
@@ -138,11 +137,13 @@ class AsyncRollout:
             raise ValueError(
                 f"max_staleness must be at least 1 for asynchronous rollouts, got {max_staleness}"
             )
-        # the sampler's own whole copy of the policy (`engine.weights.whole_copy`); the trainer's move under it
-        self.model = model.eval()
+        # the sampler's own whole copy of the policy (`engine.weights.whole_copy`; the trainer's weights move
+        # under it), or None where ``make_generator`` brings its own engine (vLLM, loaded by `sync_with`)
+        self.model = model.eval() if model is not None else None
         # the parameters `sync` receives after each optimizer step (the trainable ones; None: all)
-        self.shipped = shipped if shipped is not None else [n for n, _ in model.named_parameters()]
-        for p in self.model.parameters():
+        names = [n for n, _ in model.named_parameters()] if model is not None else []
+        self.shipped = shipped if shipped is not None else names
+        for p in self.model.parameters() if self.model is not None else ():
             p.requires_grad_(False)
         self.gen = make_generator(self.model)
         self.env, self.tok, self.params, self.examples = env, tokenizer, params, examples
@@ -207,12 +208,19 @@ class AsyncRollout:
 
     def sync(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Ship the trainer's weights after its optimizer step ``version`` (parameters by name: the trainable
-        ones, `engine.weights.gathered`): loaded between two decode steps; tokens sampled from then on carry
-        ``version``."""
+        ones, `engine.weights.gathered`) into the worker's copy: loaded between two decode steps; tokens
+        sampled from then on carry ``version``."""
+        assert self.model is not None, "this worker samples with an engine: sync_with its loader"
+        model = self.model
+        self.sync_with(lambda: load_into(model, weights), version)
+
+    def sync_with(self, load: Callable[[], None], version: int) -> None:
+        """``load()`` the weights of optimizer step ``version`` into whatever samples (the worker's copy, or
+        a vLLM engine's `VLLMGenerator.sync`), between two decode steps of the worker."""
         self._sync_waiting.set()  # the worker yields the lock at its next decode-step boundary
         with self._weights:
             self._sync_waiting.clear()
-            load_into(self.model, weights)
+            load()
             self.version = version
         with self._cond:
             self._cond.notify_all()
@@ -255,7 +263,7 @@ class AsyncRollout:
 
     def _run(self) -> None:
         try:
-            with self.gen.stream(self.params) as stream:
+            with self.gen.stream(self.params, versions=True) as stream:
                 self._loop(stream)
         except BaseException as exc:  # surfaced to the trainer by `take`
             with self._cond:

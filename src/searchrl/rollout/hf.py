@@ -90,9 +90,10 @@ class HFGenerator:
         return out
 
     @contextmanager
-    def stream(self, params: SamplingParams) -> Iterator[HFStream]:
+    def stream(self, params: SamplingParams, versions: bool = False) -> Iterator[HFStream]:
         """A continuous batch (`HFStream`) on the model, for the per-episode agent loop. The model context
-        (ZeRO-3's gather) is entered once for the whole stream."""
+        (ZeRO-3's gather) is entered once for the whole stream. Its tokens always carry the stream's
+        ``version`` (``versions`` is for the protocol: recording them costs nothing here)."""
         from searchrl.rollout.continuous import HFStream
 
         with self.model_context() as model:

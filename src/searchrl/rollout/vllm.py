@@ -133,18 +133,21 @@ class VLLMGenerator:
         return [self._generation(o.outputs[0]) for o in outs]
 
     @contextmanager
-    def stream(self, params: SamplingParams) -> Iterator[VLLMStream]:
+    def stream(self, params: SamplingParams, versions: bool = False) -> Iterator[VLLMStream]:
         """Per-episode requests to the engine (`VLLMStream`): vLLM schedules tokens across episodes and
-        turns, and an episode's next turn reuses its prefix from the prefix cache."""
+        turns, and an episode's next turn reuses its prefix from the prefix cache. ``versions``: record the
+        policy version of every token (asynchronous rollouts; an output per request per engine step)."""
         if self.stale:
             self.sync()
-        s = VLLMStream(self, params)
+        s = VLLMStream(self, params, versions)
         try:
             yield s
         finally:
             s.close()
 
-    def _sampling(self, params: SamplingParams, max_new_tokens: int) -> Any:
+    def _sampling(self, params: SamplingParams, max_new_tokens: int, delta: bool = False) -> Any:
+        """vLLM's sampling parameters; ``delta``: an output at every engine step with the tokens it added
+        (a stream records the policy version of each), else only the finished output."""
         sp = self._vllm.SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
@@ -156,28 +159,31 @@ class VLLMGenerator:
             skip_special_tokens=False,
             detokenize=bool(self.stop_texts),
         )
-        try:  # only the finished output of each request, not one per token
-            from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind
 
-            sp.output_kind = RequestOutputKind.FINAL_ONLY
-        except ImportError:  # older vLLM: cumulative outputs, the finished one is complete too
-            pass
+        sp.output_kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
         return sp
 
     def _generation(self, o: Any) -> Generation:
         ids = list(o.token_ids)
-        lps = [float(d[t].logprob) for t, d in zip(ids, o.logprobs or [])]
+        return self._finished(ids, _logprobs(ids, o.logprobs), o.finish_reason)
+
+    def _finished(
+        self, ids: list[int], lps: list[float], reason: str | None, versions: list[int] | None = None
+    ) -> Generation:
         if ids and ids[-1] in self.eos_ids:
             finish = "eos"
-        elif o.finish_reason == "stop":
+        elif reason == "stop":
             finish = "stop"
         else:
             finish = "length"
-        return Generation(ids, lps, finish)  # type: ignore[arg-type]
+        return Generation(ids, lps, finish, versions)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------- weights
-    def sync(self) -> None:
-        """Load the policy's current weights into the engine (gathered, LoRA merged)."""
+    def sync(self, reset_prefix_cache: bool = True) -> None:
+        """Load the policy's current weights into the engine (gathered, LoRA merged). ``reset_prefix_cache``:
+        drop the cached prefixes the old weights computed (False for asynchronous partial rollouts, whose
+        requests in flight keep their keys and values, as the HF worker's do)."""
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
         if self.sleep:
             self.llm.wake_up()
@@ -199,7 +205,8 @@ class VLLMGenerator:
             finally:
                 if peft:
                     lm.unmerge_adapter()
-        self.llm.reset_prefix_cache()
+        if reset_prefix_cache:
+            self.llm.reset_prefix_cache()
         self.stale = False
         self.syncs += 1
 
@@ -207,19 +214,26 @@ class VLLMGenerator:
 class VLLMStream:
     """Requests in, finished generations out, on the engine of a `VLLMGenerator` (its ``llm_engine``):
     ``add`` submits one request, ``step`` runs one engine step (vLLM's continuous batching over every
-    request in flight) and returns the requests that finished."""
+    request in flight) and returns the requests that finished. Each step's new tokens arrive as a delta
+    and carry ``version``, the policy version of the engine's weights during that step (asynchronous
+    rollouts load new weights between two steps, `VLLMGenerator.sync`)."""
 
-    def __init__(self, gen: VLLMGenerator, params: SamplingParams) -> None:
+    def __init__(self, gen: VLLMGenerator, params: SamplingParams, versions: bool = True) -> None:
         self.gen, self.params, self.engine = gen, params, gen.llm.llm_engine
+        self.track = versions  # False: only finished outputs (no per-step delta), versions left empty
         self.keys: dict[str, Hashable] = {}  # request id -> key
+        self.partial: dict[str, tuple[list[int], list[float], list[int]]] = {}  # ids, log-probs, versions
         self.count = 0
+        self.version = 0
 
     def add(self, key: Hashable, prompt: list[int], max_new_tokens: int | None = None) -> None:
         n = self.params.max_new_tokens if max_new_tokens is None else max(1, max_new_tokens)
         rid = f"searchrl-{id(self)}-{self.count}"
         self.count += 1
         self.keys[rid] = key
-        self.engine.add_request(rid, {"prompt_token_ids": list(prompt)}, self.gen._sampling(self.params, n))
+        self.partial[rid] = ([], [], [])
+        sp = self.gen._sampling(self.params, n, delta=self.track)
+        self.engine.add_request(rid, {"prompt_token_ids": list(prompt)}, sp)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -227,14 +241,32 @@ class VLLMStream:
     def step(self) -> list[tuple[Hashable, Generation]]:
         done = []
         for o in self.engine.step():
-            if getattr(o, "finished", False) and o.request_id in self.keys:
-                done.append((self.keys.pop(o.request_id), self.gen._generation(o.outputs[0])))
+            if o.request_id not in self.keys:
+                continue
+            out = o.outputs[0]
+            ids, lps, versions = self.partial[o.request_id]
+            new = list(out.token_ids)
+            ids += new
+            lps += _logprobs(new, out.logprobs)
+            versions += [self.version] * len(new)
+            if getattr(o, "finished", False):
+                del self.partial[o.request_id]
+                vs = versions if self.track else None
+                done.append(
+                    (self.keys.pop(o.request_id), self.gen._finished(ids, lps, out.finish_reason, vs))
+                )
         return done
 
     def close(self) -> None:
         if self.keys:
             self.engine.abort_request(list(self.keys))
             self.keys.clear()
+            self.partial.clear()
+
+
+def _logprobs(ids: list[int], logprobs: Any) -> list[float]:
+    """The sampled tokens' log-probabilities from vLLM's per-position {token id: Logprob} dicts."""
+    return [float(d[t].logprob) for t, d in zip(ids, logprobs or [])]
 
 
 def _peft_weights(lm: Any) -> Any:
