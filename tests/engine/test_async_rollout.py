@@ -32,9 +32,10 @@ def pipeline(exp, steps, max_staleness, batch=2, group=2, **kw):
 
     policy, tok = load_policy(str(exp.model.path), exp.model.dtype, None, False, False)
     examples = rt.examples("train")
+    worker = copy.deepcopy(policy)
     p = AsyncRollout(
-        copy.deepcopy(policy),
-        lambda m: GENERATORS.get("hf")(m, tok, env.tags.stop_strings, batch_size=8, continuous=True),
+        worker,
+        GENERATORS.get("hf")(worker, tok, env.tags.stop_strings, batch_size=8, continuous=True),
         env,
         tok,
         SamplingParams(1.0, 1.0, exp.rollout.max_new_tokens),
@@ -237,9 +238,7 @@ def test_lora_ships_the_adapter_and_the_copy_equals_the_trainer(exp):
             q.add_(0.01 if n in names else 0.0)
     with gathered(eng, policy, names) as w:
         assert set(w) == set(names)
-        p = AsyncRollout(
-            worker, lambda m: None, None, None, None, [], lambda s: [], 1, 8, 1, 0, 1, shipped=names
-        )
+        p = AsyncRollout(worker, None, None, None, None, [], lambda s: [], 1, 8, 1, 0, 1, shipped=names)
         p.sync(w, 1)
     theirs = dict(worker.named_parameters())
     assert all(torch.equal(q, theirs[n]) for n, q in policy.named_parameters())

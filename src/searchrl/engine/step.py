@@ -26,7 +26,6 @@ from searchrl.engine.balance import balance
 from searchrl.engine.engine import Engine, NonFiniteError
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule
-from searchrl.engine.weights import gathered
 from searchrl.models.packing import Packed, pack
 from searchrl.models.policy import Reference, forward, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
@@ -62,6 +61,8 @@ class TrainingStep:
     _grad_norms: list[float]
     # the trainer's: this step's rows from the asynchronous worker or the algorithm, and their metrics
     _collect: Callable[[int, list[int]], tuple[list[Trajectory], dict[str, float]]]
+    # the trainer's: the weights of optimizer step N into the asynchronous worker's sampler
+    _ship: Callable[[int], None]
 
     def _logprobs(
         self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False, negatives: int = 0
@@ -254,12 +255,7 @@ class TrainingStep:
             self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
         if self.pipeline is not None:  # the worker samples with these weights from its next decode step
             with self.engine.phase("weight sync", step):
-                if self.pipeline.model is None:  # the vLLM engine loads the policy (gathered, LoRA merged)
-                    gen: Any = self.ctx.generator
-                    self.pipeline.sync_with(lambda: gen.sync(reset_prefix_cache=False), step + 1)
-                else:
-                    with gathered(self.engine, self.policy, self.pipeline.shipped) as w:
-                        self.pipeline.sync(w, step + 1)
+                self._ship(step + 1)
         local.update(self._step_metrics(trajs, batch, sums, t_collect, t0))
         out = self._reduce(local, step)
         self.samples.finish(out)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from searchrl.algorithms import ALGORITHMS
 from searchrl.algorithms.base import Algorithm, Context
@@ -27,7 +27,7 @@ from searchrl.engine.metrics import MetricsSink
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule, batch_shape, make_optimizer
 from searchrl.engine.step import TrainingStep
-from searchrl.engine.weights import whole_copy
+from searchrl.engine.weights import gathered, whole_copy
 from searchrl.models.load import unpartitioned
 from searchrl.models.policy import Reference, load_policy
 from searchrl.models.weights import trainable_names
@@ -203,38 +203,34 @@ class Trainer(TrainingStep):
             )
 
     def _start_pipeline(self, step: int) -> None:
-        """The asynchronous rollout worker, on a copy of the policy, producing steps ``step`` … on."""
+        """The asynchronous rollout worker producing steps ``step`` … on, and how the weights of each optimizer
+        step reach its sampler (`_ship`): with the HF backend a whole copy of the policy, filled from the
+        trainable parameters (gathered under ZeRO-3, the adapter only with LoRA); with vLLM the process's
+        engine, loaded by its own sync (gathered, LoRA merged, the prefixes of requests in flight kept)."""
         from searchrl.rollout.async_rollout import AsyncRollout
 
         if self.pipeline is not None:
             self.pipeline.close()
         exp, ctx, eng = self.rt.exp, self.ctx, self.engine
-        worker: Any = None
-        if exp.rollout.backend == "vllm":  # the process's engine samples; it loads the policy now, gathered
-            assert ctx.generator is not None
-            with eng.phase("rollout worker copy", step):
-                cast(Any, ctx.generator).sync(reset_prefix_cache=False)
-            engine = ctx.generator
-            make: Any = lambda _model: engine  # noqa: E731
-        else:
-
-            def load() -> Any:  # the policy's architecture, whole in this process (any DeepSpeed stage)
-                with unpartitioned():
-                    return self._load_policy(training=False)[0]
-
-            with eng.phase("rollout worker copy", step):
-                worker = whole_copy(eng, self.policy, load)
-            make = lambda model: GENERATORS.get("hf")(  # noqa: E731
-                model,
-                self.tokenizer,
-                ctx.env.stop_strings,
-                batch_size=exp.rollout.batch_size,
-                continuous=True,
-                **exp.rollout.backend_args,
-            )
-        self.pipeline = AsyncRollout(
+        gen: Any = ctx.generator
+        worker, shipped = None, []
+        with eng.phase("rollout worker copy", step):
+            if exp.rollout.backend == "vllm":
+                gen.sync(reset_prefix_cache=False)
+            else:
+                worker = whole_copy(eng, self.policy, self._whole_policy)
+                shipped = trainable_names(eng.unwrap(self.policy))
+                gen = GENERATORS.get("hf")(
+                    worker,
+                    self.tokenizer,
+                    ctx.env.stop_strings,
+                    batch_size=exp.rollout.batch_size,
+                    continuous=True,
+                    **exp.rollout.backend_args,
+                )
+        self.pipeline = pipeline = AsyncRollout(
             worker,
-            make,
+            gen,
             ctx.env,
             self.tokenizer,
             ctx.sampling,
@@ -245,9 +241,23 @@ class Trainer(TrainingStep):
             self.cfg.async_rollout.max_staleness,
             start_step=step,
             end_step=self.cfg.steps,
-            shipped=trainable_names(eng.unwrap(self.policy)) if worker is not None else [],
+            shipped=shipped,
         )
-        self.pipeline.start()
+
+        def ship(version: int) -> None:
+            if worker is None:
+                pipeline.sync_with(lambda: gen.sync(reset_prefix_cache=False), version)
+            else:
+                with gathered(eng, self.policy, shipped) as w:
+                    pipeline.sync(w, version)
+
+        self._ship = ship
+        pipeline.start()
+
+    def _whole_policy(self) -> Any:
+        """The policy's architecture loaded whole in this process, DeepSpeed hidden (the worker's copy)."""
+        with unpartitioned():
+            return self._load_policy(training=False)[0]
 
     def _collect(self, step: int, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         """This step's training rows: from the asynchronous worker, scored here, or collected now."""

@@ -119,7 +119,7 @@ class AsyncRollout:
     def __init__(
         self,
         model: torch.nn.Module | None,
-        make_generator: Callable[[torch.nn.Module | None], Any],
+        generator: Any,
         env: SearchEnv,
         tokenizer: Any,
         params: SamplingParams,
@@ -138,14 +138,14 @@ class AsyncRollout:
                 f"max_staleness must be at least 1 for asynchronous rollouts, got {max_staleness}"
             )
         # the sampler's own whole copy of the policy (`engine.weights.whole_copy`; the trainer's weights move
-        # under it), or None where ``make_generator`` brings its own engine (vLLM, loaded by `sync_with`)
+        # under it), or None where the generator is an engine with its own weights (vLLM, loaded by `sync_with`)
         self.model = model.eval() if model is not None else None
         # the parameters `sync` receives after each optimizer step (the trainable ones; None: all)
         names = [n for n, _ in model.named_parameters()] if model is not None else []
         self.shipped = shipped if shipped is not None else names
         for p in self.model.parameters() if self.model is not None else ():
             p.requires_grad_(False)
-        self.gen = make_generator(self.model)
+        self.gen = generator  # with a ``stream``: an HF generator on ``model``, or a vLLM engine
         self.env, self.tok, self.params, self.examples = env, tokenizer, params, examples
         self.indices, self.group_size, self.max_total = indices, group_size, max_total_tokens
         self.max_staleness, self.next_step, self.end_step, self.window = (
