@@ -1,10 +1,11 @@
 """Asynchronous rollouts under a staleness cap, with partial rollouts.
 
 A worker thread keeps a continuous batch of episodes decoding (the per-episode agent loop of
-`searchrl.rollout.agent_loop`, on the generator's ``stream``) on its own copy of the policy (HF backend) or on
-the process's vLLM engine (vLLM backend), while the trainer trains on earlier episodes. After each optimizer step the trainer ships the weights (`sync`): the worker
-loads them between two decode steps, so episodes in flight go on with the new weights (partial rollouts:
-nothing is dropped) and every token records the policy version whose forward sampled it. The keys and values
+`searchrl.rollout.agent_loop`, on the generator's ``stream``) on its own copy of the policy (HF backend) or
+on the process's vLLM engine (vLLM backend), while the trainer trains on earlier episodes. After each
+optimizer step the trainer ships the weights (`sync`, `sync_with`): the worker loads them between two decode
+steps, so episodes in flight go on with the new weights (partial rollouts: nothing is dropped) and every
+token records the policy version whose forward sampled it. The keys and values
 already cached for a running episode are kept, as in vLLM-based partial rollouts; the recorded log-probs
 are those of the computation that sampled, so the sampler-trainer correction (`algorithms.correction`)
 weighs exactly what happened.
@@ -22,8 +23,8 @@ The worker is a thread of the training process (PyTorch releases the GIL inside 
 and training overlap on separate cores). Under DDP or DeepSpeed (ZeRO-3 included) each process runs its own
 worker on its share of every step's questions, with a whole copy of the policy that the trainer fills after
 each optimizer step (`searchrl.engine.weights`: under ZeRO-3 one gather of the trainable parameters, the
-adapter only with LoRA). A run is not bit-reproducible (which version samples a token depends
-on timing); a resumed run restarts the pipeline at its checkpoint's step.
+adapter only with LoRA), or with its vLLM engine. A run is not bit-reproducible (which version samples a
+token depends on timing); a resumed run restarts the pipeline at its checkpoint's step.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def refusal(
         )
     if loop != "episode":
         return (
-            "the rollout worker runs the per-episode loop (rollout.loop: episode; its episodes join and leave "
+            "the rollout worker runs the per-episode loop (rollout.loop: episode; episodes join and leave "
             f"the running batch one by one), not loop '{loop}'"
         )
     return None
@@ -138,7 +139,7 @@ class AsyncRollout:
                 f"max_staleness must be at least 1 for asynchronous rollouts, got {max_staleness}"
             )
         # the sampler's own whole copy of the policy (`engine.weights.whole_copy`; the trainer's weights move
-        # under it), or None where the generator is an engine with its own weights (vLLM, loaded by `sync_with`)
+        # under it), or None where the generator is an engine with its own weights (vLLM: `sync_with`)
         self.model = model.eval() if model is not None else None
         # the parameters `sync` receives after each optimizer step (the trainable ones; None: all)
         names = [n for n, _ in model.named_parameters()] if model is not None else []
