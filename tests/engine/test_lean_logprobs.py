@@ -5,6 +5,7 @@ tests/engine/test_distributed.py, case grpo-full-logits.)"""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from searchrl.core.config import TrainerConfig
 from searchrl.core.functional import token_entropy, token_logprobs
@@ -111,6 +112,26 @@ def test_generation_is_unchanged_by_the_patch():
     a = plain.generate(ids, max_new_tokens=6, do_sample=False)
     b = patched.generate(ids, max_new_tokens=6, do_sample=False)
     assert torch.equal(a, b)
+
+
+def test_a_copy_of_a_patched_model_runs_its_own_weights():
+    """The asynchronous worker samples with a deep copy of the policy: the copy's forward, plain and lean,
+    must use the copy's weights (a patch that called the original model's bound forward ran the trainer's)."""
+    import copy
+
+    model = qwen(300)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids = torch.randint(0, 300, (2, 7))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        plain, copied = model(input_ids=ids).logits, twin(input_ids=ids).logits
+        ref = type(twin).forward(twin, input_ids=ids).logits  # the class's forward on the copy's weights
+        lean = twin(input_ids=ids, lean_mask=mask).logprobs
+    assert torch.equal(copied, ref) and not torch.allclose(copied, plain)
+    assert torch.allclose(lean, token_logprobs(ref, ids) * F.pad(mask[:, 1:], (1, 0)), atol=1e-5)
 
 
 def test_trainer_defaults_to_the_lean_path():

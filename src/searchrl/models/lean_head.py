@@ -46,6 +46,9 @@ def add_lean_head(model: Any) -> Any:
     if getattr(model, "_searchrl_lean_head", False):
         return model
     original = model.forward
+    # called on ``self``, not on ``model``: a copy of the model (copy.deepcopy, the asynchronous worker's copy)
+    # keeps this function, and must run its own weights, not those of the model it was copied from
+    unbound = getattr(original, "__func__", None) if getattr(original, "__self__", None) is model else None
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     softcap = getattr(config, "final_logit_softcapping", None)
     scale = getattr(config, "logit_scale", None) or 1.0
@@ -61,7 +64,7 @@ def add_lean_head(model: Any) -> Any:
         **kwargs: Any,
     ) -> Any:
         if lean_mask is None:
-            return original(*args, **kwargs)
+            return unbound(self, *args, **kwargs) if unbound is not None else original(*args, **kwargs)
         from trl.kernels import ChunkedLogProbFunction
         from trl.trainer.utils import maybe_gather_lm_head_ctx
 
