@@ -72,6 +72,28 @@ def test_both_backends_agree_with_a_trainer_recompute(engine):
 
 
 @pytest.mark.vllm
+def test_a_sync_reaches_the_tied_output_layer(engine):
+    """The local models tie the output layer to the embeddings (as Qwen2.5 0.5B-3B do). After a change to the
+    embeddings and a sync, the engine's log-probs equal the trainer's to rounding: the CPU backend's packed
+    copy of the output layer is refreshed too (it kept the old weights: max gap 0.1-0.4)."""
+    model, tok, vgen = engine
+    assert model.config.tie_word_embeddings
+    prompts = [tok(f"Question: who is {w}?\n<think>")["input_ids"] for w in ("Keve", "Zelka", "Ann", "Bo")]
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    saved = model.model.embed_tokens.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.add_(0.05 * torch.randn_like(saved) * saved.abs().mean())
+        vgen.release()
+        for p, g in zip(prompts, vgen.generate(prompts, params)):
+            assert (torch.tensor(g.logprobs) - recompute(model, p, g, 1.0)).abs().max() < 1e-4
+    finally:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.copy_(saved)
+        vgen.release()
+
+
+@pytest.mark.vllm
 def test_stops_exactly_at_the_tag(engine):
     _, tok, vgen = engine
     prompt = tok("Question: who is Keve?\n")["input_ids"]
