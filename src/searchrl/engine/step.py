@@ -166,7 +166,8 @@ class TrainingStep:
             # partial rollout the keys and values older versions cached) and older versions (staleness)
             f_sum, f_n, f_max, s_sum, s_n = self._version_diff
             out["async/logprob_abs_diff_fresh"] = Mean(f_sum, f_n)
-            out["async/logprob_max_diff_fresh"] = Max(f_max)
+            if f_n:  # a maximum over no tokens would read as a perfect match
+                out["async/logprob_max_diff_fresh"] = Max(f_max)
             out["async/logprob_abs_diff_stale"] = Mean(s_sum, s_n)
             out["async/fresh_token_frac"] = Mean(f_n, f_n + s_n)
         if self.correction is not None:
