@@ -215,9 +215,9 @@ class VLLMGenerator:
 class VLLMStream:
     """Requests in, finished generations out, on the engine of a `VLLMGenerator` (its ``llm_engine``):
     ``add`` submits one request, ``step`` runs one engine step (vLLM's continuous batching over every
-    request in flight) and returns the requests that finished. Each step's new tokens arrive as a delta
-    and carry ``version``, the policy version of the engine's weights during that step (asynchronous
-    rollouts load new weights between two steps, `VLLMGenerator.sync`)."""
+    request in flight) and returns the requests that finished. With ``versions`` each step's new tokens
+    arrive as a delta and carry ``version``, the policy version of the engine's weights during that step
+    (asynchronous rollouts load new weights between two steps, `VLLMGenerator.sync`)."""
 
     def __init__(self, gen: VLLMGenerator, params: SamplingParams, versions: bool = True) -> None:
         self.gen, self.params, self.engine = gen, params, gen.llm.llm_engine
