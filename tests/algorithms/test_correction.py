@@ -147,3 +147,66 @@ def test_config_is_validated_with_the_valid_choices():
     assert cfg.rollout_correction == RolloutCorrection(mode="seq_mask", high=3.0)
     with pytest.raises(ConfigError, match="geo_mask"):
         from_dict(GRPOConfig, {"rollout_correction": {"mode": "geo"}}, key="algorithm")
+
+
+def _grpo(**corr):
+    from searchrl.algorithms.grpo import GRPO, GRPOConfig
+
+    return GRPO(GRPOConfig(kl_coef=1.0, rollout_correction=RolloutCorrection(**corr)), ctx=None)  # type: ignore[arg-type]
+
+
+def _kl_term(algo, logp, ref, behaviour):
+    """``with_kl``'s KL term and metrics on one-token rows, with the correction's weights from π_old = π_θ."""
+    from types import SimpleNamespace
+
+    mask = torch.ones_like(logp)
+    w, _ = correction_weights(logp.detach(), behaviour, mask, algo.cfg.rollout_correction)
+    extras = {"ref_logp": ref, **({"is_weight": w} if algo.cfg.rollout_correction.mode != "none" else {})}
+    return algo.with_kl(torch.zeros_like(logp), {}, logp, None, SimpleNamespace(extras=extras))
+
+
+def test_the_kl_term_is_weighted_by_the_correction_hand_computed():
+    """π_θ = 0.1 on a token that the sampler (here the reference itself, a stale version 0) gave 0.5:
+    ρ = 0.2, k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 = 5 − log 5 − 1, and ρ·k3 = 1 − ρ + ρ log ρ."""
+    logp, ref = torch.tensor([[math.log(0.1)]]), torch.tensor([[math.log(0.5)]])
+    k3 = 5 - math.log(5) - 1
+    loss, m = _kl_term(_grpo(mode="token_tis"), logp, ref, ref)
+    assert float(m["kl_unweighted"]) == pytest.approx(k3, rel=1e-6)
+    assert float(m["kl"]) == pytest.approx(0.2 * k3, rel=1e-6) == 1 - 0.2 + 0.2 * math.log(0.2)
+    assert float(loss) == pytest.approx(0.2 * k3, rel=1e-6)  # β = 1
+    loss, m = _kl_term(_grpo(mode="token_tis", weight_kl=False), logp, ref, ref)
+    assert float(loss) == float(m["kl"]) == pytest.approx(k3, rel=1e-6) and "kl_unweighted" not in m
+    loss, m = _kl_term(_grpo(mode="token_mask", high=1.5), logp, ref, ref)  # ρ = 0.2 rejected: no KL term
+    assert float(loss) == 0.0 and float(m["kl_unweighted"]) == pytest.approx(k3, rel=1e-6)
+    _, m = _kl_term(_grpo(mode="none"), logp, ref, ref)  # no correction: the paper's term
+    assert float(m["kl"]) == pytest.approx(k3, rel=1e-6)
+
+
+def test_the_weighted_kl_estimate_and_gradient_are_those_under_the_trainers_policy():
+    """Tokens drawn from a stale sampler μ (the reference) for a policy π_θ that learned to avoid one of them:
+    the weighted k3 and its gradient, averaged over the draws, are KL(π_θ ‖ π_ref) and the on-policy gradient
+    Σ_a π_θ(a) ∇k3(a) (computed exactly over the 6 tokens); the unweighted ones are far off."""
+    gen = torch.Generator().manual_seed(0)
+    ref_p = torch.tensor([0.30, 0.25, 0.20, 0.10, 0.10, 0.05])
+    logits = torch.log(torch.tensor([0.002, 0.40, 0.30, 0.15, 0.10, 0.048]))
+    pi = torch.softmax(logits, 0)
+    exact = float((pi * (pi.log() - ref_p.log())).sum())
+    theta = logits.clone().requires_grad_(True)
+    k3 = lambda lp: torch.exp(ref_p.log() - lp) - (ref_p.log() - lp) - 1  # noqa: E731
+    lp_all = torch.log_softmax(theta, 0)
+    (want,) = torch.autograd.grad((pi.detach() * k3(lp_all)).sum(), theta)  # the on-policy expectation
+
+    n = 400_000
+    tokens = torch.multinomial(ref_p, n, replacement=True, generator=gen)
+    for weight_kl in (True, False):
+        theta = logits.clone().requires_grad_(True)
+        logp = torch.log_softmax(theta, 0)[tokens][:, None]  # (n, 1)
+        algo = _grpo(mode="token_tis", clip=1e3, weight_kl=weight_kl)  # a clip no ratio here reaches
+        loss, m = _kl_term(algo, logp, ref_p.log()[tokens][:, None], ref_p.log()[tokens][:, None])
+        (grad,) = torch.autograd.grad(loss.mean(), theta)
+        estimate = float(m["kl"].mean())
+        if weight_kl:
+            assert estimate == pytest.approx(exact, rel=0.03)
+            torch.testing.assert_close(grad, want, rtol=0.05, atol=5e-3)
+        else:  # E_μ[k3] ≈ 0.3 · 150: the avoided token dominates
+            assert estimate > 20 * exact and float((grad - want).abs().max()) > 1.0

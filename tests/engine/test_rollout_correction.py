@@ -28,9 +28,9 @@ def shifted(tr, shift=SHIFT):
     return tr
 
 
-def one_step(exp, tmp_path, name, correction, algorithm="grpo", **cfg_kw):
+def one_step(exp, tmp_path, name, correction, algorithm="grpo", args=None, **cfg_kw):
     cfg = TrainerConfig(steps=1, batch_size=2, micro_batch_size=8, lr=5e-3, save_every=10**6, **cfg_kw)
-    args = {"kl_coef": 0.0, "rollout_correction": correction}
+    args = {"kl_coef": 0.0, **(args or {}), "rollout_correction": correction}
     tr = shifted(trainer_for(exp, algorithm, cfg, args=args, out=tmp_path / name))
     torch.manual_seed(0)
     before = state(tr.policy)
@@ -74,6 +74,29 @@ def test_the_decoupled_objective_with_a_separate_pi_old_pass(exp, tmp_path):
     tr, m, _, _ = one_step(exp, tmp_path, "two", {"mode": "seq_tis", "clip": 1.5}, mini_batches=2)
     assert tr.old_pass
     assert m["rollout_corr/w_mean"] < 1.0 and m["rollout_corr/cut_token_frac"] == 0.0  # Π ρ < 1 < 1.5
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_the_kl_term_and_its_logged_estimate_carry_the_correction_weight(exp, tmp_path, algorithm):
+    """A KL term in the loss and two updates per batch (the first starts at the reference, where the KL
+    estimate and its gradient are 0 up to the rounding between the two models' passes): the logged
+    ``train/kl`` is the weighted estimate, e^−0.1 · ``train/kl_unweighted`` (w is e^−0.1 on every token);
+    with ``weight_kl: false`` it is the plain estimate after nearly the same first update, and no other is
+    logged."""
+    args = {"kl_coef": 0.05, "kl_in": "loss"}
+    corr = {"mode": "token_tis"}
+    _, m, _, _ = one_step(exp, tmp_path, "w", corr, algorithm, mini_batches=2, args=args)
+    assert m["train/kl_unweighted"] > 0  # the second update's policy has left the reference
+    assert m["train/kl"] == pytest.approx(math.exp(-SHIFT) * m["train/kl_unweighted"], rel=1e-4)
+    if (
+        algorithm == "ppo"
+    ):  # the estimate PPO logs (and its adaptive β follows) before the updates: π_old = π_ref
+        assert m["kl/sequence"] == 0.0
+    _, plain, _, _ = one_step(
+        exp, tmp_path, "p", {**corr, "weight_kl": False}, algorithm, mini_batches=2, args=args
+    )
+    assert "train/kl_unweighted" not in plain
+    assert plain["train/kl"] == pytest.approx(m["train/kl_unweighted"], rel=0.05)
 
 
 def test_ppo_takes_the_correction_on_its_policy_loss_only(exp, tmp_path):

@@ -139,6 +139,16 @@ class Algorithm(ABC):
 
         return kl_penalty(logp, ref_logp, self.cfg.kl_estimator, self.cfg.kl_clamp)
 
+    def kl_weight(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """The weight (B, T) on each token's KL estimate to the reference: the sampler-trainer correction's w
+        (``rollout_correction.weight_kl``, `algorithms.correction`: the estimators are expectations under
+        π_θ, the tokens came from the sampler), or None where no correction weighs the batch."""
+        corr = getattr(self.cfg, "rollout_correction", None)
+        if corr is None or not corr.weight_kl:
+            return None
+        w: torch.Tensor | None = batch.extras.get("is_weight")
+        return None if w is None else w.detach()
+
     def with_kl(
         self,
         loss: torch.Tensor,
@@ -148,9 +158,14 @@ class Algorithm(ABC):
         mb: RolloutBatch,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Adds β·KL(π‖π_ref) per action token when the config puts the KL in the loss (``kl_in: loss``,
-        estimator ``kl_estimator``), and logs the entropy."""
+        estimator ``kl_estimator``), weighted by the sampler-trainer correction's w where it applies
+        (`kl_weight`), and logs the entropy."""
         if self.cfg.kl_in == "loss" and self.kl_coef > 0:
             kl = self.kl_estimate(logp, mb.extras["ref_logp"])
+            w = self.kl_weight(mb)
+            if w is not None:
+                metrics["kl_unweighted"] = kl.detach()
+                kl = kl * w
             loss = loss + self.kl_coef * kl
             metrics["kl"] = kl.detach()
         if entropy is not None:

@@ -22,9 +22,23 @@ Modes (verl's ``rollout_corr`` definitions, docs/algo/rollout_corr_math.md §3.3
 - ``none``: w = 1; the mismatch metrics are still logged.
 
 ``low`` defaults to 1 / ``high``. A rejected token (w = 0) adds nothing to the policy loss but still counts
-in the loss normaliser: the advantages, the value loss and the KL term are computed on the unchanged mask.
-(verl instead removes rejected tokens from the response mask, so its token mean divides by fewer tokens;
-the direction of every update is the same.)
+in the loss normaliser: the advantages and the value loss are computed on the unchanged mask. (verl instead
+removes rejected tokens from the response mask, so its token mean divides by fewer tokens; the direction of
+every update is the same.)
+
+**The KL term to the reference is weighted too** (``weight_kl``, on by default once a mode is set). Every
+estimator of KL(π_θ ‖ π_ref) from sampled tokens (k1, k2, k3) is an expectation over a_t ~ π_θ, but the
+tokens came from μ: the importance weight π_θ / μ ≈ w_t turns E_μ[w · k] back into the expectation under
+π_θ. Unweighted, the estimate and its gradient are biased, worst where the sampler is stale: a token that μ
+(say the reference itself, version 0) sampled and π_θ has since learned to avoid has ρ = π_θ / μ small and
+k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 ≈ 1/ρ, with a gradient (1 − π_ref/π_θ) ∇log π_θ of the same size; weighted,
+ρ · k3 = 1 − ρ + ρ log ρ, below 1 for every ρ ≤ e (so everywhere under the clip 2). (At ``max_staleness: 4`` on the quickstart the unweighted k3 rose to 1-9 per
+token within 3-5 steps while KL(μ ‖ π_old) stayed at 0.03-0.1; benchmarks/results/staleness.md.) The
+logged ``train/kl`` is then the weighted estimate (what the loss adds, and what the collapse guard reads),
+``train/kl_unweighted`` the plain one. With ``kl_in: reward`` the penalty is part of the reward, so the
+policy loss's weight already carries it; the logged ``kl/sequence`` (and PPO's adaptive β, which follows it)
+is weighted. ``weight_kl: false`` weights the policy loss only, as verl's truncated IS modes do (its mask
+modes drop rejected tokens from the KL term as well).
 """
 
 from __future__ import annotations
@@ -49,6 +63,9 @@ class RolloutCorrection:
     clip: float = 2.0  # C of the truncated IS modes (verl's rollout_is_threshold 2, SkyRL's TIS clip 2)
     high: float | None = None  # upper bound of the mask modes; None: 2 (token/seq), 1.01 (geo)
     low: float | None = None  # lower bound of the mask modes; None: 1 / high
+    # the KL term to the reference and its logged estimate weighted by w too (module docstring); false: the
+    # policy loss only (verl's token_tis / seq_tis)
+    weight_kl: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -116,7 +116,10 @@ class GRPO(Algorithm):
         kl = None
         if self.cfg.kl_in == "reward" and self.kl_coef > 0:
             kl = self.kl_estimate(batch.extras["old_logp"], batch.extras["ref_logp"]) * batch.loss_mask
-            seq_kl = kl.sum(-1)  # (B,)
+            w = self.kl_weight(
+                batch
+            )  # the reward's penalty is carried by the policy loss's weight; the metric
+            seq_kl = (kl if w is None else kl * w).sum(-1)  # (B,)
             metrics["kl/sequence"] = Mean(float(seq_kl.sum()), len(seq_kl))
             kl = self.kl_coef * kl
         sum_all = self.ctx.sum_all if self.ctx is not None else float  # one process: the batch is global

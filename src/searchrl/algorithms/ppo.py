@@ -127,7 +127,10 @@ class PPO(Algorithm):
         if self.kl_coef > 0:
             kl = self.kl_estimate(batch.extras["old_logp"], batch.extras["ref_logp"]) * mask
             seqs = total(float((mask.sum(-1) > 0).sum()))
-            seq_kl = total(kl.sum()) / max(seqs, 1.0)
+            # under a sampler-trainer correction the estimate is weighted (`kl_weight`); the reward's penalty is
+            # not: the policy loss's weight carries it
+            w = self.kl_weight(batch)
+            seq_kl = total((kl if w is None else kl * w).sum()) / max(seqs, 1.0)
             metrics["kl/sequence"] = seq_kl
             if cfg.kl_in == "reward":
                 rewards = rewards - self.kl_coef * kl
