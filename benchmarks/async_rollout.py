@@ -3,12 +3,14 @@ with the quickstart's retriever as is and with 50 ms added to every retrieval ca
 
     python benchmarks/async_rollout.py --model runs/quickstart/sft/final --steps 6 --out benchmarks/results/async.json
 
-Per setting: seconds per step and generated tokens per second end to end (the first step, a warm-up, is not
+Each asynchronous setting runs with the worker as a thread of the trainer's process and as a process of its own
+(``trainer.async_rollout.worker``; ``--worker``). Per setting: seconds per step and generated tokens per second end to end (the first step, a warm-up, is not
 counted), the trainer's wait for episodes, and the rollout worker's own generated tokens per second of its busy
 time (decode and environment), against our own plain decode (`rollout_overhead.own_plain`, no environment) of
 the rollout batch's rows (``rollout.batch_size``) for as many tokens each as the synchronous run's episodes
 generated on average. ``--pin``: torch single-threaded, the trainer's thread on core
-0 and the rollout worker's on core 1 (Linux affinity is per thread); the synchronous run then has one core.
+0 and the rollout worker (its thread, or its process with one torch thread) on core 1 (Linux affinity is per
+thread); the synchronous run then has one core.
 Without it every setting shares the machine's cores.
 """
 
@@ -34,22 +36,43 @@ from searchrl.rollout import async_rollout
 REPO = Path(__file__).resolve().parents[1]
 
 
-def slow_retriever(rt: Runtime, latency: float) -> None:
-    """Every retrieval call of the run's environment takes ``latency`` seconds longer."""
-    env = rt.env()
-    search = env.retriever.search
+class SlowRuntime(Runtime):
+    """The experiment's resources with ``latency`` seconds added to every retrieval call (a remote server's),
+    in this process and in a rollout worker process, which builds its own from `fresh`."""
 
-    def delayed(queries: Any, k: int) -> Any:
-        time.sleep(latency)
-        return search(queries, k)
+    def __init__(self, exp: Any, latency: float = 0.0) -> None:
+        super().__init__(exp)
+        self.latency, self._slowed = latency, False
 
-    env.retriever.search = delayed  # type: ignore[method-assign]
+    def fresh(self) -> SlowRuntime:
+        return SlowRuntime(self.exp, self.latency)
+
+    def env(self, chat_format: Any = None) -> Any:
+        env = super().env(chat_format)  # every environment of a run shares the cached retriever
+        if self.latency and not self._slowed:
+            search, latency = self.retriever.search, self.latency
+
+            def delayed(queries: Any, k: int) -> Any:
+                time.sleep(latency)
+                return search(queries, k)
+
+            self.retriever.search = delayed  # type: ignore[method-assign]
+            self._slowed = True
+        return env
 
 
-def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group: int, questions: int) -> dict:
-    rt = Runtime(exp)
-    if latency:
-        slow_retriever(rt, latency)
+def run(
+    exp: Any,
+    model: str,
+    steps: int,
+    staleness: int,
+    latency: float,
+    group: int,
+    questions: int,
+    worker: str = "thread",
+    pin: bool = False,
+) -> dict:
+    rt = SlowRuntime(exp, latency)
     cfg = TrainerConfig(
         steps=steps,
         batch_size=questions,
@@ -58,7 +81,12 @@ def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group:
         save_every=10**9,
         log_entropy=False,
         samples=SamplesConfig(groups=0),  # a timing: no training samples written
-        async_rollout=AsyncRolloutConfig(max_staleness=staleness),
+        async_rollout=AsyncRolloutConfig(
+            max_staleness=staleness,
+            worker=worker,  # type: ignore[arg-type]
+            worker_threads=1 if pin else None,
+            worker_cpus=(1,) if pin else (),
+        ),
     )
     tr = Trainer(
         algorithm="grpo",
@@ -69,7 +97,7 @@ def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group:
         runtime=rt,
         seed=0,
     )
-    times, tokens, waits, stale, worker = [], [], [], [], []
+    times, tokens, waits, stale, worker_rate = [], [], [], [], []
     try:
         for s in range(steps):
             t = time.perf_counter()
@@ -78,20 +106,21 @@ def run(exp: Any, model: str, steps: int, staleness: int, latency: float, group:
             tokens.append(m["rollout/tokens_generated"])
             waits.append(m.get("async/wait_s", m["time/collect_s"]))
             stale.append(m.get("async/staleness_mean", 0.0))
-            worker.append(m.get("async/worker_tokens_per_s", 0.0))
+            worker_rate.append(m.get("async/worker_tokens_per_s", 0.0))
     finally:
         if tr.pipeline is not None:
             tr.pipeline.close()
     t, n = times[1:], tokens[1:]
     return {
         "max_staleness": staleness,
+        "worker": worker if staleness else None,
         "retrieval_latency_s": latency,
         "s_per_step": statistics.mean(t),
         "tokens_per_s": sum(n) / sum(t),
         "wait_for_episodes_s": statistics.mean(waits[1:]),
         "staleness_mean": statistics.mean(stale[1:]),
         # the worker's generated tokens per second of its own busy time (decode + environment), over the run
-        "worker_tokens_per_s": worker[-1] if staleness else None,
+        "worker_tokens_per_s": worker_rate[-1] if staleness else None,
         "tokens_per_episode": sum(n) / (len(n) * questions * group),
         "steps_timed": len(t),
     }
@@ -126,6 +155,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 4])
     ap.add_argument("--latency", type=float, nargs="+", default=[0.0, 0.05])
+    ap.add_argument("--worker", nargs="+", default=["thread", "process"], choices=["thread", "process"])
     ap.add_argument("--pin", action="store_true")
     ap.add_argument("--dtype", default="float32", help="model.dtype (bfloat16 on a GPU)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async.json"))
@@ -144,9 +174,12 @@ def main() -> None:
     rows = []
     for latency in args.latency:
         for k in args.staleness:
-            row = run(exp, args.model, args.steps, k, latency, args.group, args.questions)
-            print(json.dumps(row))
-            rows.append(row)
+            for worker in args.worker if k else ["thread"]:
+                row = run(
+                    exp, args.model, args.steps, k, latency, args.group, args.questions, worker, args.pin
+                )
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     sync = next(r for r in rows if r["max_staleness"] == 0)
     n = max(1, round(sync["tokens_per_episode"]))
     plain = plain_decode(args.model, exp, exp.rollout.batch_size, n, args.pin)

@@ -172,27 +172,32 @@ def test_refused_where_the_worker_cannot_run(exp, tmp_path):
         trainer_for(exp, "sft", cfg, records=[], out=tmp_path / "f")
 
 
-def test_grpo_trains_asynchronously_end_to_end(make_exp, agent_model_dir, tmp_path):
+def async_trainer(make_exp, agent_model_dir, tmp_path, *overrides, **async_cfg):
+    """GRPO for 3 steps at max_staleness 1 on the SFT'd tiny model, with a reward that varies within a group
+    (so every step changes the weights the worker must receive)."""
     from searchrl.core.config import AsyncRolloutConfig
 
-    # a reward that varies within a group, so every step changes the weights the worker must receive
     exp = make_exp(
         f"model.path={agent_model_dir}",
         "rollout.temperature=1.0",
         "env.max_turns=3",
         "rewards=[{name: test_trainer_length}]",
+        *overrides,
     )
-
     cfg = TrainerConfig(
         steps=3,
         batch_size=2,
         micro_batch_size=8,
         lr=1e-3,
         save_every=10**6,
-        async_rollout=AsyncRolloutConfig(max_staleness=1),
+        async_rollout=AsyncRolloutConfig(max_staleness=1, **async_cfg),
     )
     args = {"kl_coef": 0.0, "rollout_correction": {"mode": "token_tis"}}
-    tr = trainer_for(exp, "grpo", cfg, args=args, out=tmp_path / "a")
+    return trainer_for(exp, "grpo", cfg, args=args, out=tmp_path / "a")
+
+
+def test_grpo_trains_asynchronously_end_to_end(make_exp, agent_model_dir, tmp_path):
+    tr = async_trainer(make_exp, agent_model_dir, tmp_path)
     started, start = [], tr._start_pipeline
     tr._start_pipeline = lambda step: (start(step), started.append(tr.pipeline))
     tr.run()
@@ -296,3 +301,78 @@ def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monke
         )
     with pytest.raises(ConfigError, match="collects step by step"):
         check_arguments(make_exp("trainer.async_rollout.max_staleness=2", "algorithm={name: slate}"))
+    # a worker process runs the HF backend; the vLLM engine has its own process
+    check_arguments(
+        make_exp("trainer.async_rollout={max_staleness: 1, worker: process}", "algorithm={name: grpo}")
+    )
+    with pytest.raises(ConfigError, match="own engine process") as e:
+        check_arguments(
+            make_exp(
+                "trainer.async_rollout={max_staleness: 1, worker: process}",
+                "algorithm={name: grpo}",
+                "rollout.backend=vllm",
+            )
+        )
+    assert e.value.key == "trainer.async_rollout.worker"
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_grpo_trains_with_a_worker_process(make_exp, agent_model_dir, tmp_path, lora):
+    """The worker in its own process: three steps at max_staleness 1 train as with a thread (the cap, the
+    first step's exact log-probs), and afterwards the process's copy of the policy equals the trained policy
+    in every parameter (with LoRA only the adapter was shipped after each step)."""
+    from searchrl.rollout.worker_process import ProcessRollout
+
+    over = ["model.lora={r: 4, alpha: 8, dropout: 0.0}"] if lora else []
+    tr = async_trainer(make_exp, agent_model_dir, tmp_path, *over, worker="process", worker_threads=1)
+    seen: dict = {}
+    start = tr._start_pipeline
+
+    def started(step):
+        start(step)
+        p = tr.pipeline
+        assert isinstance(p, ProcessRollout)
+        close = p.close
+
+        def closing():  # the worker's weights just before the trainer ends it
+            seen.update(weights=p.worker_weights(), version=p.version, shipped=list(p.shipped))
+            close()
+
+        p.close = closing
+
+    tr._start_pipeline = started
+    tr.run()
+    assert seen["version"] == 3
+    ours = dict(tr.policy.named_parameters())
+    assert seen["weights"].keys() == ours.keys()
+    assert all(torch.equal(q.detach(), seen["weights"][n]) for n, q in ours.items())
+    assert bool(lora) == all("lora_" in n for n in seen["shipped"])
+    rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in rows) and rows[0]["async/staleness_max"] == 0
+    assert all(r["async/worker_tokens_per_s"] > 0 for r in rows)
+    check_shipped_weights(rows)
+
+
+def test_a_failing_worker_process_stops_the_trainer_with_its_error(make_exp, agent_model_dir, tmp_path):
+    """The worker process's failure reaches the trainer as an error carrying the worker's traceback (here: its
+    model directory vanished before it loaded), and a worker killed outright as one naming its exit code."""
+    import os
+    import shutil
+    import signal
+
+    tr = async_trainer(make_exp, agent_model_dir, tmp_path, worker="process", worker_threads=1)
+    moved = tmp_path / "elsewhere"
+    tr.model_path = moved  # the worker loads the architecture from here: nothing there
+    tr._start_pipeline(0)
+    with pytest.raises(RuntimeError, match=r"failed before step 0's episodes:(.|\n)*elsewhere"):
+        tr.pipeline.take(0)
+    tr.pipeline.close()
+
+    shutil.copytree(agent_model_dir, moved)
+    tr._start_pipeline(0)
+    tr.pipeline.take(0)  # the worker is up
+    os.kill(tr.pipeline._proc.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="exited with code -9"):
+        tr.pipeline.take(2)
+    tr.pipeline.close()

@@ -285,11 +285,13 @@ def test_train_pipeline_under_accelerate_launch(tmp_path, world_dir, agent_model
     assert "grpo (test)" in proc.stdout
 
 
+@pytest.mark.parametrize("worker", ["thread", "process"])
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_asynchronous_rollouts_under_accelerate_launch(tmp_path, world_dir, agent_model_dir, backend):
+def test_asynchronous_rollouts_under_accelerate_launch(tmp_path, world_dir, agent_model_dir, backend, worker):
     """`searchrl train` with max_staleness 1 on 2 processes, DDP and ZeRO-3: each runs its own rollout worker
-    on its share of every step's questions (under ZeRO-3 on a whole copy filled from gathered parameters);
-    the staleness cap holds, and the processes' metrics are reduced."""
+    (a thread, or a process that each training process starts) on its share of every step's questions (under
+    ZeRO-3 on a whole copy filled from gathered parameters); the staleness cap holds, and the processes'
+    metrics are reduced."""
     out = tmp_path / "run"
     cmd = quickstart_cmd(
         BACKENDS[backend],
@@ -299,6 +301,7 @@ def test_asynchronous_rollouts_under_accelerate_launch(tmp_path, world_dir, agen
         *TINY_PIPELINE,
         "trainer.steps=3",
         "trainer.async_rollout.max_staleness=1",
+        f"trainer.async_rollout.worker={worker}",
         "algorithm.rollout_correction={mode: token_tis}",
     )
     launch(cmd, launch_env(BACKENDS[backend]), tmp_path)

@@ -26,6 +26,11 @@ class Runtime:
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
 
+    def fresh(self) -> Runtime:
+        """The same experiment's resources with nothing built yet: small to pickle, for a rollout worker
+        process that builds its own (`searchrl.rollout.worker_process`)."""
+        return type(self)(self.exp)
+
     @cached_property
     def world(self) -> World | None:
         """The synthetic world (loaded from `data.world_dir`, or generated once into the run directory)."""

@@ -252,6 +252,13 @@ class AsyncRolloutConfig:
     trainer trains; step i trains on tokens sampled by policy versions ≥ i − max_staleness."""
 
     max_staleness: int = 0  # 0: synchronous (on-policy, today's trainer); 1: one step off; k: up to k behind
+    # where the HF backend's rollout worker runs (`rollout.worker_process`): "thread", beside the trainer in its
+    # process on a copy of the policy; "process", a process of its own (its own copy, environment and torch
+    # threads, no interpreter lock shared with the trainer), the weights shipped through shared memory. With
+    # rollout.backend vllm the engine samples in its own engine process already: thread only.
+    worker: Literal["thread", "process"] = "thread"
+    worker_threads: int | None = None  # torch threads of a worker process; None: torch's default for it
+    worker_cpus: tuple[int, ...] = ()  # cores a worker process is pinned to (Linux); empty: the trainer's
 
 
 @dataclass(frozen=True)
@@ -414,7 +421,7 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     },
     "WarmStartConfig": {"teacher_passes": _AT_LEAST_1},
     "GuardConfig": {"window": _AT_LEAST_1, "after": _AT_LEAST_0},
-    "AsyncRolloutConfig": {"max_staleness": _AT_LEAST_0},
+    "AsyncRolloutConfig": {"max_staleness": _AT_LEAST_0, "worker_threads": _AT_LEAST_1},
     "SamplesConfig": {"groups": _AT_LEAST_0, "every": _AT_LEAST_1},
     "GuardsConfig": {"lr_scale": (lambda v: 0 < v <= 1, "in (0, 1]"), "max_rollbacks": _AT_LEAST_0},
     "EvalConfig": {"limit": _AT_LEAST_1, "temperature": _AT_LEAST_0, "best_of_temperature": _AT_LEAST_0},

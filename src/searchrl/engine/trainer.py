@@ -52,6 +52,8 @@ class Resources(Protocol):
 
     def examples(self, split: str) -> list[Example]: ...
 
+    def fresh(self) -> Resources: ...
+
 
 class Trainer(TrainingStep):
     """Built in the order the algorithm's `Requirements` dictate: batch shape, engine, policy (with a value
@@ -183,7 +185,7 @@ class Trainer(TrainingStep):
         """Refuse ``trainer.async_rollout`` where this version cannot run it, with the reason."""
         if self.cfg.async_rollout.max_staleness == 0:
             return
-        from searchrl.rollout.async_rollout import refusal
+        from searchrl.rollout.async_rollout import refusal, worker_refusal
 
         exp = self.rt.exp
         resamples = getattr(getattr(algo_cfg, "dynamic_sampling", None), "enabled", False)
@@ -201,6 +203,10 @@ class Trainer(TrainingStep):
                 value=self.cfg.async_rollout.max_staleness,
                 choices=["0"],
             )
+        worker = self.cfg.async_rollout.worker
+        why = worker_refusal(worker, exp.rollout.backend)
+        if why is not None:
+            raise ConfigError(why, key="trainer.async_rollout.worker", value=worker, choices=["thread"])
 
     def _start_pipeline(self, step: int) -> None:
         """The asynchronous rollout worker producing steps ``step`` … on, and how the weights of each optimizer
@@ -214,6 +220,9 @@ class Trainer(TrainingStep):
         exp, ctx, eng = self.rt.exp, self.ctx, self.engine
         gen: Any = ctx.generator
         worker, shipped = None, []
+        if self.cfg.async_rollout.worker == "process":
+            self._start_worker_process(step)
+            return
         with eng.phase("rollout worker copy", step):
             if exp.rollout.backend == "vllm":
                 gen.sync(reset_prefix_cache=False)
@@ -250,6 +259,47 @@ class Trainer(TrainingStep):
             else:
                 with gathered(eng, self.policy, shipped) as w:
                     pipeline.sync(w, version)
+
+        self._ship = ship
+        pipeline.start()
+
+    def _start_worker_process(self, step: int) -> None:
+        """The rollout worker in a process of its own (`rollout.worker_process`): it loads the policy as this
+        process does, gets every parameter once (gathered under ZeRO-3) and the trainable ones after each
+        optimizer step, through shared memory."""
+        from searchrl.rollout.worker_process import ProcessRollout, WorkerSpec
+
+        exp, ctx, eng, cfg = self.rt.exp, self.ctx, self.engine, self.cfg
+        shipped = trainable_names(eng.unwrap(self.policy))
+        mine = [self.schedule.indices(s)[eng.rank :: eng.world_size] for s in range(step, cfg.steps)]
+        spec = WorkerSpec(
+            runtime=self.rt.fresh(),  # built again in the worker: nothing of this process's travels
+            exp=exp,
+            model_path=str(self.model_path),
+            dtype=exp.model.dtype,
+            lora=exp.model.lora,
+            value_head=self.req.value_head,
+            detach_trunk=self.req.detach_value_trunk,
+            device=str(eng.device),
+            examples={i: ctx.train_examples[i] for idx in mine for i in idx},
+            indices=tuple(tuple(idx) for idx in mine),
+            params=ctx.sampling,
+            group_size=self.algo.cfg.group_size,
+            max_total_tokens=ctx.max_total_tokens,
+            max_staleness=cfg.async_rollout.max_staleness,
+            start_step=step,
+            end_step=cfg.steps,
+            shipped=tuple(shipped),
+            threads=cfg.async_rollout.worker_threads,
+            cpus=tuple(cfg.async_rollout.worker_cpus),
+            seed=self.seed * 1009 + eng.rank * 101 + step,
+        )
+        with eng.phase("rollout worker process", step), gathered(eng, self.policy) as weights:
+            self.pipeline = pipeline = ProcessRollout(spec, weights)
+
+        def ship(version: int) -> None:
+            with gathered(eng, self.policy, shipped) as w:
+                pipeline.sync(w, version)
 
         self._ship = ship
         pipeline.start()

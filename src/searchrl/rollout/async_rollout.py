@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -79,6 +79,16 @@ def refusal(
     return None
 
 
+def worker_refusal(worker: str, backend: str) -> str | None:
+    """Why the rollout worker cannot run as ``worker`` (thread | process) with ``backend`` (None: it can)."""
+    if worker == "process" and backend != "hf":
+        return (
+            f"a rollout worker process runs the HF backend on a copy of the policy; the {backend} engine already "
+            "samples in its own engine process, driven by a worker thread (worker: thread)"
+        )
+    return None
+
+
 def admissible(step: int, version: int, max_staleness: int) -> bool:
     """Whether the worker may start training step ``step``'s episodes while its weights have ``version``."""
     return step <= version + max_staleness
@@ -95,6 +105,34 @@ class _Batch:
     taken: list[int] = field(default_factory=list)
     live: int = 0
     t0: float = field(default_factory=time.perf_counter)
+
+
+def batch_metrics(batch: _Batch, step: int, waited: float) -> dict[str, float]:
+    """A consumed step's metrics: its rollout statistics, how stale its tokens are against the trainer's version
+    ``step``, the trainer's wait for it (``waited`` seconds) and the starvation diagnostics."""
+    versions = [[v for s in t.segments if s.versions for v in s.versions] for t in batch.trajs]
+    ages = [step - v for vs in versions for v in vs]
+    oldest = [step - min(vs) for vs in versions if vs]
+    return {
+        **batch.stats.metrics(),
+        "async/staleness_mean": Mean(sum(ages), len(ages)),  # versions behind the trainer, per token
+        "async/staleness_max": Max(max(ages, default=0)),
+        "async/episode_staleness_mean": Mean(sum(oldest), len(oldest)),  # of each episode's oldest token
+        "async/admitted_lag": Max(step - batch.admitted_version),  # versions between start and training
+        "async/wait_s": Max(waited),  # the trainer waiting for this step's longest episode
+        "async/episode_age_s": Max(time.perf_counter() - batch.t0),  # admission to training
+        **starvation(batch.trajs, oldest_of=[step - min(vs) if vs else 0 for vs in versions]),
+    }
+
+
+def worker_metrics(busy: float, tokens: int, reported: float) -> tuple[dict[str, float], float]:
+    """Over the run so far (a worker ahead of the trainer may have been idle since the last step): the worker's
+    generated tokens per second of its own busy time, summed over the processes' workers, and its busy seconds
+    since the last step (``reported``: its busy time then). Returns the metrics and the busy time now."""
+    return {
+        "async/worker_tokens_per_s": Sum(tokens / max(busy, 1e-9)),
+        "async/worker_busy_s": Max(busy - reported),
+    }, busy
 
 
 def starvation(trajs: list[Trajectory], oldest_of: list[int]) -> dict[str, float]:
@@ -124,7 +162,7 @@ class AsyncRollout:
         env: SearchEnv,
         tokenizer: Any,
         params: SamplingParams,
-        examples: list[Example],
+        examples: Sequence[Example] | Mapping[int, Example],
         indices: Callable[[int], list[int]],
         group_size: int,
         max_total_tokens: int,
@@ -177,6 +215,13 @@ class AsyncRollout:
         """Step ``step``'s finished episodes (blocking until its longest is done) and their metrics: the
         rollout statistics and how stale their tokens are against the trainer's version ``step``."""
         t0 = time.perf_counter()
+        batch = self.wait(step)
+        metrics = batch_metrics(batch, step, time.perf_counter() - t0)
+        out, self._reported_busy = worker_metrics(self.busy_s, self.tokens, self._reported_busy)
+        return batch.trajs, {**metrics, **out}
+
+    def wait(self, step: int) -> _Batch:
+        """Step ``step``'s finished batch, once its longest episode is done (the worker's failure raised)."""
         with self._cond:
             while step not in self._done and self._error is None:
                 self._cond.wait(timeout=1.0)
@@ -184,28 +229,7 @@ class AsyncRollout:
                     raise RuntimeError(f"the rollout worker stopped before producing step {step}'s episodes")
             if self._error is not None:
                 raise RuntimeError(f"the rollout worker failed: {self._error!r}") from self._error
-            batch = self._done.pop(step)
-        waited = time.perf_counter() - t0
-        versions = [[v for s in t.segments if s.versions for v in s.versions] for t in batch.trajs]
-        ages = [step - v for vs in versions for v in vs]
-        oldest = [step - min(vs) for vs in versions if vs]
-        metrics: dict[str, float] = {
-            **batch.stats.metrics(),
-            "async/staleness_mean": Mean(sum(ages), len(ages)),  # versions behind the trainer, per token
-            "async/staleness_max": Max(max(ages, default=0)),
-            "async/episode_staleness_mean": Mean(sum(oldest), len(oldest)),  # of each episode's oldest token
-            "async/admitted_lag": Max(step - batch.admitted_version),  # versions between start and training
-            "async/wait_s": Max(waited),  # the trainer waiting for this step's longest episode
-            "async/episode_age_s": Max(time.perf_counter() - batch.t0),  # admission to training
-            **starvation(batch.trajs, oldest_of=[step - min(vs) if vs else 0 for vs in versions]),
-        }
-        busy, tokens = self.busy_s, self.tokens
-        # over the run so far (a worker ahead of the trainer may have been idle since the last step): the
-        # worker's generated tokens per second of its own busy time, summed over the processes' workers
-        metrics["async/worker_tokens_per_s"] = Sum(tokens / max(busy, 1e-9))
-        metrics["async/worker_busy_s"] = Max(busy - self._reported_busy)  # since the last step
-        self._reported_busy = busy
-        return batch.trajs, metrics
+            return self._done.pop(step)
 
     def sync(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Ship the trainer's weights after its optimizer step ``version`` (parameters by name: the trainable

@@ -1,0 +1,303 @@
+"""A rollout worker in a process of its own (``trainer.async_rollout.worker: process``).
+
+The asynchronous pipeline of `searchrl.rollout.async_rollout` (the staleness cap, partial rollouts, each
+token's version, the continuous batch) runs in a child process that builds its own environment (the
+experiment's), its own copy of the policy (loaded as the trainer loads it, then filled with the trainer's
+weights) and an HF generator on it. The trainer's side, `ProcessRollout`, has `AsyncRollout`'s interface
+(``start``, ``take``, ``sync``, ``close``), so the trainer drives either the same way:
+
+- **weights**: the shipped parameters (the trainable ones: the adapter with LoRA) live in tensors that both
+  processes map (shared memory; CUDA tensors through CUDA IPC). ``sync`` copies the trainer's weights into
+  them and returns once the worker has loaded them between two of its decode steps, so the buffers are
+  never written while the worker reads them. The first fill (every parameter) goes the same way, once.
+- **episodes**: each step's finished batch comes back pickled through a queue with the worker's busy time
+  and generated tokens; the trainer scores the rewards, as with a thread worker.
+
+Why a process: a worker thread shares the trainer's interpreter lock, so the Python of its decode loop and
+environment steps waits on the trainer's Python, and the trainer's on it; a process has its own interpreter,
+its own torch threads (``worker_threads``) and can have its own cores (``worker_cpus``). What it costs: a
+second copy of the environment (an in-process retriever's index is built again in the worker; an HTTP
+retriever shares its server) and a start (imports, index, model) at the run's start and after a rollback.
+The child is started with ``spawn`` (no fork of a process holding threads, a CUDA context or DeepSpeed's
+process group) and leaves when the trainer does.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from searchrl.core.config import Experiment, LoraConfig
+from searchrl.core.types import Trajectory
+from searchrl.data.example import Example
+from searchrl.rollout.async_rollout import AsyncRollout, _Batch, batch_metrics, worker_metrics
+from searchrl.rollout.generator import SamplingParams
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything the worker process builds its side from (pickled once, at its start)."""
+
+    runtime: (
+        Any  # the experiment's fresh `Runtime` (nothing built yet): its ``env()`` is the worker's environment
+    )
+    exp: Experiment  # the generator's settings (rollout.batch_size, backend_args)
+    model_path: str  # the policy's architecture and tokenizer, loaded as the trainer's (`load_policy`)
+    dtype: str
+    lora: LoraConfig | None
+    value_head: bool
+    detach_trunk: bool
+    device: str
+    examples: Mapping[int, Example]  # the training items this process's steps use, by index
+    indices: tuple[tuple[int, ...], ...]  # this process's items of steps start_step … end_step − 1
+    params: SamplingParams
+    group_size: int
+    max_total_tokens: int
+    max_staleness: int
+    start_step: int
+    end_step: int
+    shipped: tuple[str, ...]  # the parameters each sync carries
+    threads: int | None = None  # torch threads (None: torch's default)
+    cpus: tuple[int, ...] = ()  # cores to pin the process to (Linux); empty: the trainer's
+    seed: int = 0
+
+
+class ProcessRollout:
+    """The trainer's side of a rollout worker process: `AsyncRollout`'s interface over two queues and shared
+    weight buffers. ``weights``: the policy's whole parameters now (every one, read only inside the call)."""
+
+    def __init__(self, spec: WorkerSpec, weights: Mapping[str, torch.Tensor]) -> None:
+        if spec.max_staleness < 1:
+            raise ValueError(
+                f"max_staleness must be at least 1 for asynchronous rollouts, got {spec.max_staleness}"
+            )
+        missing = [n for n in spec.shipped if n not in weights]
+        if missing:
+            raise KeyError(f"the policy has no parameter(s) {missing[:3]}")
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.spec, self.shipped, self.version = spec, list(spec.shipped), spec.start_step
+        # clones: sharing a tensor moves its storage into shared memory, which must not happen to the trainer's
+        self._initial: dict[str, torch.Tensor] | None = _shared({n: w for n, w in weights.items()})
+        self._buffers = _shared({n: weights[n] for n in spec.shipped})
+        self._commands: Any = ctx.Queue()
+        self._results: Any = ctx.Queue()
+        self._proc = ctx.Process(
+            target=serve,
+            args=(spec, self._initial, self._buffers, self._commands, self._results),
+            name="searchrl-rollout-worker",
+            daemon=True,
+        )
+        self._cond = threading.Condition()
+        self._done: dict[int, _Batch] = {}
+        self._synced = spec.start_step
+        self._reply: Any = None
+        self._error: str | None = None
+        self._closed = False
+        self.busy_s, self.tokens, self._reported_busy = 0.0, 0, 0.0
+        self._receiver = threading.Thread(target=self._receive, name="searchrl-rollout-receiver", daemon=True)
+
+    def start(self) -> None:
+        self._proc.start()
+        self._receiver.start()
+
+    def take(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """`AsyncRollout.take`: step ``step``'s finished episodes from the worker process, and their metrics."""
+        t0 = time.perf_counter()
+        with self._cond:
+            self._await(lambda: step in self._done, f"step {step}'s episodes")
+            batch = self._done.pop(step)
+        metrics = batch_metrics(batch, step, time.perf_counter() - t0)
+        out, self._reported_busy = worker_metrics(self.busy_s, self.tokens, self._reported_busy)
+        return batch.trajs, {**metrics, **out}
+
+    def sync(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """`AsyncRollout.sync`: the trainer's weights after optimizer step ``version``, into the shared buffers,
+        then loaded by the worker between two decode steps; returns once they are (the buffers are free)."""
+        unknown = [n for n in weights if n not in self._buffers]
+        if unknown:
+            raise KeyError(f"parameter(s) {unknown[:3]} are not shipped to the worker process")
+        with torch.no_grad():
+            for n, w in weights.items():
+                self._buffers[n].copy_(w)
+        self._commands.put(("sync", version))
+        with self._cond:
+            self._await(lambda: self._synced >= version, f"the weights of step {version}")
+        self.version = version
+
+    def worker_weights(self) -> dict[str, torch.Tensor]:
+        """The worker's copy of the policy, every parameter on the CPU (to check that syncs arrive)."""
+        with self._cond:
+            self._reply = None
+        self._commands.put(("weights",))
+        with self._cond:
+            self._await(lambda: self._reply is not None, "its weights")
+            reply, self._reply = self._reply, None
+        return dict(reply)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._proc.is_alive():
+            self._commands.put(("stop",))
+            self._proc.join(timeout=30)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(timeout=10)
+        if self._receiver.is_alive():
+            self._receiver.join(timeout=5)
+        for q in (self._commands, self._results):
+            q.cancel_join_thread()
+            q.close()
+
+    # ------------------------------------------------------------------------------------- internals
+    def _await(self, ready: Any, what: str) -> None:
+        """Wait (holding ``_cond``) until ``ready()``; a failed or vanished worker raises, naming ``what``."""
+        while not ready():
+            if self._error is not None:
+                raise RuntimeError(f"the rollout worker process failed before {what}:\n{self._error}")
+            self._cond.wait(timeout=1.0)
+
+    def _receive(self) -> None:
+        """Messages from the worker into the trainer's state (a thread: the trainer never blocks on a queue)."""
+        while not self._closed:
+            try:
+                msg = self._results.get(timeout=0.5)
+            except queue.Empty:
+                if not self._proc.is_alive() and not self._closed:
+                    with self._cond:
+                        self._error = self._error or (
+                            f"it exited with code {self._proc.exitcode} (killed, out of memory, or a crash in a "
+                            "native library)"
+                        )
+                        self._cond.notify_all()
+                    return
+                continue
+            except (EOFError, OSError):
+                return
+            with self._cond:
+                kind = msg[0]
+                if kind == "batch":
+                    _, step, batch, self.busy_s, self.tokens = msg
+                    self._done[step] = batch
+                elif kind == "ready":
+                    self._initial = None  # the worker holds its own copy now
+                elif kind == "synced":
+                    self._synced = max(self._synced, msg[1])
+                elif kind == "weights":
+                    self._reply = msg[1]
+                elif kind == "error":
+                    self._error = msg[1]
+                self._cond.notify_all()
+
+
+def _shared(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached clones the worker process maps: in shared memory (CPU) or shared through CUDA IPC."""
+    out = {}
+    for n, w in weights.items():
+        c = w.detach().clone()
+        out[n] = c.share_memory_() if c.device.type == "cpu" else c
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- worker side
+def serve(
+    spec: WorkerSpec,
+    initial: Mapping[str, torch.Tensor],
+    buffers: Mapping[str, torch.Tensor],
+    commands: Any,
+    results: Any,
+) -> None:
+    """The worker process: build the environment and the policy's copy, run `AsyncRollout`, send each step's
+    batch as it finishes, and load the trainer's weights from ``buffers`` when told to."""
+    try:
+        if spec.cpus and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, set(spec.cpus))
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        torch.manual_seed(spec.seed)
+        rollout = _build(spec, initial)
+        del initial
+        results.put(("ready",))
+        rollout.start()
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+        return
+    sender = threading.Thread(target=_send, args=(rollout, spec, results), daemon=True)
+    sender.start()
+    parent = os.getppid()
+    try:
+        while True:
+            try:
+                cmd = commands.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent:  # the trainer is gone
+                    return
+                continue
+            if cmd[0] == "sync":
+                rollout.sync(buffers, cmd[1])
+                results.put(("synced", cmd[1]))
+            elif cmd[0] == "weights":
+                assert rollout.model is not None
+                results.put(
+                    ("weights", {n: p.detach().cpu().clone() for n, p in rollout.model.named_parameters()})
+                )
+            elif cmd[0] == "stop":
+                return
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+    finally:
+        rollout.close()
+
+
+def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> AsyncRollout:
+    from searchrl.models.policy import load_policy
+    from searchrl.models.weights import load_into
+    from searchrl.rollout.generator import GENERATORS
+
+    exp = spec.exp
+    env = spec.runtime.env()
+    model, tokenizer = load_policy(spec.model_path, spec.dtype, spec.lora, spec.value_head, spec.detach_trunk)
+    model = model.to(spec.device)
+    load_into(model, initial)
+    gen = GENERATORS.get("hf")(
+        model,
+        tokenizer,
+        env.stop_strings,
+        batch_size=exp.rollout.batch_size,
+        continuous=True,
+        **exp.rollout.backend_args,
+    )
+    return AsyncRollout(
+        model,
+        gen,
+        env,
+        tokenizer,
+        spec.params,
+        spec.examples,
+        lambda step: list(spec.indices[step - spec.start_step]),
+        spec.group_size,
+        spec.max_total_tokens,
+        spec.max_staleness,
+        start_step=spec.start_step,
+        end_step=spec.end_step,
+        shipped=list(spec.shipped),
+    )
+
+
+def _send(rollout: AsyncRollout, spec: WorkerSpec, results: Any) -> None:
+    """Each step's batch to the trainer as soon as it is complete, in order."""
+    try:
+        for step in range(spec.start_step, spec.end_step):
+            batch = rollout.wait(step)
+            results.put(("batch", step, batch, rollout.busy_s, rollout.tokens))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
