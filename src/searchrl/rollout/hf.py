@@ -174,8 +174,10 @@ class HFGenerator:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
+        from searchrl.rollout.kv_cache import SlotLayer
+
         layers: list[Any] = list(cache.layers) if isinstance(cache, DynamicCache) else []
-        if not layers or not all(type(x) is DynamicLayer for x in layers):
+        if not layers or not all(type(x) in (DynamicLayer, SlotLayer) for x in layers):
             return  # sliding windows, quantized or custom caches: no reuse, the next turn prefills
         keep = mask[row].bool()
         if int(keep.sum()) != len(tokens):
