@@ -89,6 +89,7 @@ class ProcessRollout:
         # clones: sharing a tensor moves its storage into shared memory, which must not happen to the trainer's
         self._initial: dict[str, torch.Tensor] | None = _shared({n: w for n, w in weights.items()})
         self._buffers = _shared({n: weights[n] for n in spec.shipped})
+        _settle([*self._initial.values(), *self._buffers.values()])  # CUDA: copied before the worker reads
         self._commands: Any = ctx.Queue()
         self._results: Any = ctx.Queue()
         self._proc = ctx.Process(
@@ -129,6 +130,7 @@ class ProcessRollout:
         with torch.no_grad():
             for n, w in weights.items():
                 self._buffers[n].copy_(w)
+        _settle(self._buffers.values())
         self._commands.put(("sync", version))
         with self._cond:
             self._await(lambda: self._synced >= version, f"the weights of step {version}")
@@ -208,6 +210,14 @@ def _shared(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _settle(tensors: Any) -> None:
+    """Wait for this process's pending copies into CUDA tensors that the other process reads (CUDA runs them
+    asynchronously on this process's stream); nothing on a CPU."""
+    devices = {t.device for t in tensors if t.device.type == "cuda"}
+    for d in devices:
+        torch.cuda.synchronize(d)
+
+
 # ----------------------------------------------------------------------------------------------- worker side
 def serve(
     spec: WorkerSpec,
@@ -225,6 +235,7 @@ def serve(
             torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
         rollout = _build(spec, initial)
+        _settle(initial.values())
         del initial
         results.put(("ready",))
         rollout.start()
@@ -244,6 +255,7 @@ def serve(
                 continue
             if cmd[0] == "sync":
                 rollout.sync(buffers, cmd[1])
+                _settle(buffers.values())  # read before the trainer may write the buffers again
                 results.put(("synced", cmd[1]))
             elif cmd[0] == "weights":
                 assert rollout.model is not None
