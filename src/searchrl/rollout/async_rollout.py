@@ -20,7 +20,8 @@ waits for its longest episode, the worker decodes steps i+1 … i+max_staleness,
 stays full. ``max_staleness: 0`` is the synchronous trainer (it does not use this module).
 
 The worker is a thread of the training process (PyTorch releases the GIL inside its kernels, so decoding
-and training overlap on separate cores). Under DDP or DeepSpeed (ZeRO-3 included) each process runs its own
+and training overlap on separate cores), or runs in a process of its own that drives this same class
+(`searchrl.rollout.worker_process`, ``trainer.async_rollout.worker: process``). Under DDP or DeepSpeed (ZeRO-3 included) each process runs its own
 worker on its share of every step's questions, with a whole copy of the policy that the trainer fills after
 each optimizer step (`searchrl.engine.weights`: under ZeRO-3 one gather of the trainable parameters, the
 adapter only with LoRA), or with its vLLM engine. A run is not bit-reproducible (which version samples a

@@ -51,9 +51,8 @@ class HFStream:
         self.slots: list[_Request | None] = []  # batch row -> request (None: a free slot)
         self.running = 0  # requests in slots
         self.cache: Any = None  # DynamicCache of SlotLayers over the slots
-        self.mask = self.pos = self.logits = (
-            None  # (slots, L) attention mask, (slots,) last position, (slots, V)
-        )
+        # (slots, L) attention mask, (slots,) last positions, (slots, V) last logits
+        self.mask = self.pos = self.logits = None
         self.forwards = 0  # model calls (prefills and decode steps), for benchmarks
         # the policy version of the weights (asynchronous rollouts change the weights between steps: a
         # token carries the version of the forward whose logits sampled it)
@@ -105,9 +104,8 @@ class HFStream:
         tok = torch.full((len(self.slots),), self.gen.pad_id, dtype=torch.long, device=self.logits.device)
         tok[idx] = tok_live
         tok = self._pack(tok)
-        self.mask = torch.cat(
-            [self.mask, torch.ones_like(self.mask[:, :1])], dim=1
-        )  # a free slot: itself only
+        # the new column: a free slot attends to it alone
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
         self.pos = self.pos + 1
         out = self.model(
             input_ids=tok[:, None],
