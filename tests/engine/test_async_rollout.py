@@ -305,7 +305,7 @@ def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monke
     check_arguments(
         make_exp("trainer.async_rollout={max_staleness: 1, worker: process}", "algorithm={name: grpo}")
     )
-    with pytest.raises(ConfigError, match="own engine process") as e:
+    with pytest.raises(ConfigError, match="lives in the training process") as e:
         check_arguments(
             make_exp(
                 "trainer.async_rollout={max_staleness: 1, worker: process}",

@@ -255,7 +255,7 @@ class AsyncRolloutConfig:
     # where the HF backend's rollout worker runs (`rollout.worker_process`): "thread", beside the trainer in its
     # process on a copy of the policy; "process", a process of its own (its own copy, environment and torch
     # threads, no interpreter lock shared with the trainer), the weights shipped through shared memory. With
-    # rollout.backend vllm the engine samples in its own engine process already: thread only.
+    # rollout.backend vllm the engine lives in the training process (weights loaded in place): thread only.
     worker: Literal["thread", "process"] = "thread"
     worker_threads: int | None = None  # torch threads of a worker process; None: torch's default for it
     worker_cpus: tuple[int, ...] = ()  # cores a worker process is pinned to (Linux); empty: the trainer's

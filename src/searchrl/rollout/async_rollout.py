@@ -84,8 +84,9 @@ def worker_refusal(worker: str, backend: str) -> str | None:
     """Why the rollout worker cannot run as ``worker`` (thread | process) with ``backend`` (None: it can)."""
     if worker == "process" and backend != "hf":
         return (
-            f"a rollout worker process runs the HF backend on a copy of the policy; the {backend} engine already "
-            "samples in its own engine process, driven by a worker thread (worker: thread)"
+            f"a rollout worker process runs the HF backend on its own copy of the policy; the {backend} engine lives "
+            "in the training process, which loads its weights into it in place after every optimizer step, and a "
+            "worker thread drives it (worker: thread)"
         )
     return None
 
