@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from searchrl.app.runtime import Runtime
 from searchrl.core.config import ConfigError, TrainerConfig
+from searchrl.core.functional import token_logprobs
 from searchrl.engine.metrics import read_metrics
 from searchrl.rollout.async_rollout import AsyncRollout, admissible
 from searchrl.rollout.generator import GENERATORS, SamplingParams
@@ -301,19 +302,15 @@ def test_refused_when_the_experiment_is_checked_before_any_stage(make_exp, monke
         )
     with pytest.raises(ConfigError, match="collects step by step"):
         check_arguments(make_exp("trainer.async_rollout.max_staleness=2", "algorithm={name: slate}"))
-    # a worker process runs the HF backend; the vLLM engine has its own process
-    check_arguments(
-        make_exp("trainer.async_rollout={max_staleness: 1, worker: process}", "algorithm={name: grpo}")
-    )
-    with pytest.raises(ConfigError, match="lives in the training process") as e:
+    # a worker process runs either backend (vLLM: its engine started in the worker)
+    for backend in ("hf", "vllm"):
         check_arguments(
             make_exp(
                 "trainer.async_rollout={max_staleness: 1, worker: process}",
                 "algorithm={name: grpo}",
-                "rollout.backend=vllm",
+                f"rollout.backend={backend}",
             )
         )
-    assert e.value.key == "trainer.async_rollout.worker"
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -326,6 +323,7 @@ def test_grpo_trains_with_a_worker_process(make_exp, agent_model_dir, tmp_path, 
     over = ["model.lora={r: 4, alpha: 8, dropout: 0.0}"] if lora else []
     tr = async_trainer(make_exp, agent_model_dir, tmp_path, *over, worker="process", worker_threads=1)
     seen: dict = {}
+    probe = tr.tokenizer("Question: who is Keve?\n")["input_ids"]
     start = tr._start_pipeline
 
     def started(step):
@@ -334,8 +332,9 @@ def test_grpo_trains_with_a_worker_process(make_exp, agent_model_dir, tmp_path, 
         assert isinstance(p, ProcessRollout)
         close = p.close
 
-        def closing():  # the worker's weights just before the trainer ends it
+        def closing():  # the worker's weights and a sample of its sampler just before the trainer ends it
             seen.update(weights=p.worker_weights(), version=p.version, shipped=list(p.shipped))
+            seen["sample"] = p.worker_sample(probe, SamplingParams(temperature=1.0, max_new_tokens=12))
             close()
 
         p.close = closing
@@ -347,6 +346,11 @@ def test_grpo_trains_with_a_worker_process(make_exp, agent_model_dir, tmp_path, 
     assert seen["weights"].keys() == ours.keys()
     assert all(torch.equal(q.detach(), seen["weights"][n]) for n, q in ours.items())
     assert bool(lora) == all("lora_" in n for n in seen["shipped"])
+    g = seen["sample"]  # sampled by the worker's copy: the trained policy's log-probs
+    ids = torch.tensor([probe + g.token_ids])
+    with torch.no_grad():
+        ours = token_logprobs(tr.policy(input_ids=ids).logits, ids, temperature=1.0)[0, len(probe) :]
+    assert g.token_ids and torch.allclose(torch.tensor(g.logprobs), ours, atol=1e-4)
     rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["async/staleness_max"] <= 1 for r in rows) and rows[0]["async/staleness_max"] == 0

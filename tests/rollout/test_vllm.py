@@ -137,9 +137,11 @@ def test_after_a_training_step_the_engine_serves_the_updated_policy(make_exp, sm
     assert (recompute(before, prompt, g, 1.0) - after).abs().max() > 1e-2  # and the step did change them
 
 
-def vllm_grpo(make_exp, model_dir, memory, cfg, **args):
-    """An experiment on the vLLM backend (float32, as the trainer) and a GRPO trainer of 4 samples a
-    question with a length reward (so every step has signal)."""
+def vllm_grpo(make_exp, model_dir, memory, cfg, over=None, **args):
+    """An experiment on the vLLM backend (float32, as the trainer; ``over``: more settings) and a GRPO
+    trainer of 4 samples a question with a length reward (so every step has signal)."""
+    import json
+
     from searchrl.app.runtime import Runtime
     from searchrl.engine.trainer import Trainer
 
@@ -149,6 +151,7 @@ def vllm_grpo(make_exp, model_dir, memory, cfg, **args):
         f"rollout.backend_args={{gpu_memory_utilization: {memory}, dtype: float32}}",
         "rollout.temperature=1.0",
         "rewards=[{name: test_vllm_len}]",
+        *(f"{k}={json.dumps(v)}" for k, v in (over or {}).items()),
     )
     tr = Trainer(
         algorithm="grpo",
@@ -269,6 +272,57 @@ def test_asynchronous_rollouts_on_the_vllm_engine(make_exp, small_model_dir):
     assert torch.allclose(torch.tensor(g.logprobs), recompute(tr.policy, prompt, g, 1.0), atol=2e-3)
 
 
+@pytest.mark.vllm
+@pytest.mark.parametrize("lora", [False, True])
+def test_asynchronous_rollouts_in_a_worker_process_on_vllm(make_exp, small_model_dir, lora):
+    """``worker: process`` on the vLLM backend: the engine starts in the worker process (the trainer starts
+    none), gets the trainer's weights after every optimizer step through the worker's copy (with LoRA: the
+    adapter shipped, merged for the engine), and afterwards samples with the trained policy's log-probs."""
+    from searchrl.core.config import AsyncRolloutConfig, TrainerConfig
+    from searchrl.engine.metrics import read_metrics
+
+    cfg = TrainerConfig(
+        steps=3,
+        batch_size=2,
+        micro_batch_size=8,
+        lr=2.0 if lora else 0.05,  # an adapter starts at zero: a larger step for a visible change
+        optimizer="sgd",
+        max_grad_norm=1e9,
+        save_every=10**6,
+        async_rollout=AsyncRolloutConfig(max_staleness=1, worker="process", worker_threads=1),
+    )
+    over = {"model.lora": {"r": 4, "alpha": 8, "dropout": 0.0}} if lora else {}
+    exp, tr = vllm_grpo(make_exp, small_model_dir, 0.2, cfg, over, rollout_correction={"mode": "token_tis"})
+    probe = tr.tokenizer("Question: who is Keve?\n")["input_ids"]
+    seen = {}
+    start = tr._start_pipeline
+
+    def started(step):
+        start(step)
+        p, close = tr.pipeline, tr.pipeline.close
+
+        def closing():
+            seen["sample"] = p.worker_sample(probe, SamplingParams(temperature=1.0, max_new_tokens=12))
+            seen["shipped"] = list(p.shipped)
+            close()
+
+        p.close = closing
+
+    tr._start_pipeline = started
+    tr.run()
+    assert tr.ctx.generator._llm is None  # the trainer's generator never started an engine
+    rows = read_metrics(exp.out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    assert rows[0]["async/fresh_token_frac"] == 1.0 and rows[0]["async/logprob_max_diff_fresh"] < 2e-3
+    assert bool(lora) == all("lora_" in n for n in seen["shipped"])
+    g = seen["sample"]
+    after = recompute(tr.policy, probe, g, 1.0)
+    assert g.token_ids and torch.allclose(torch.tensor(g.logprobs), after, atol=2e-3)
+    before, _ = load_model_and_tokenizer(exp.model.path)
+    assert (recompute(before, probe, g, 1.0) - after).abs().max() > 1e-2  # the steps did change the weights
+
+
 def test_the_stream_gathers_each_steps_tokens_with_the_engines_version():
     """`VLLMStream` on a scripted engine (runs without vLLM): each engine step's delta is appended to its
     request with the stream's version at that step, and a finished request gives the whole generation."""
@@ -314,3 +368,18 @@ def test_the_stream_gathers_each_steps_tokens_with_the_engines_version():
     assert key_a == "a" and ga.token_ids == [11, 12, 13, 14] and ga.versions == [0, 3, 3, 3]
     assert ga.finish == "stop" and ga.logprobs == pytest.approx([-1.1, -1.2, -1.3, -1.4])
     assert len(s) == 0 and not s.partial
+
+
+def test_the_engine_finds_the_model_directory_under_a_prepared_policy(tiny_model_dir):
+    """Under DDP or DeepSpeed the trainer's policy is wrapped (``.module``): the engine's model directory is
+    read from the model inside (the vLLM backend failed to start under ``accelerate launch`` before)."""
+    from searchrl.rollout.vllm import _model_path
+
+    model, _ = load_model_and_tokenizer(tiny_model_dir)
+
+    class DistributedDataParallel(torch.nn.Module):  # the wrapper's shape: the model as ``.module``
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    assert _model_path(DistributedDataParallel(model)) == _model_path(model) == str(tiny_model_dir)

@@ -226,7 +226,7 @@ def _check_reward_arguments(exp: Experiment, source: str) -> None:
 
 def _check_async(exp: Experiment, online: bool, own_collect: bool, resamples: bool, source: str) -> None:
     """``trainer.async_rollout`` where this version cannot run it."""
-    from searchrl.rollout.async_rollout import refusal, worker_refusal
+    from searchrl.rollout.async_rollout import refusal
 
     assert exp.algorithm is not None
     why = refusal(exp.algorithm.name, online, own_collect, exp.rollout.loop, resamples)
@@ -237,12 +237,6 @@ def _check_async(exp: Experiment, online: bool, own_collect: bool, resamples: bo
             key="trainer.async_rollout.max_staleness",
             value=exp.trainer.async_rollout.max_staleness,
             choices=["0"],
-        )
-    worker = exp.trainer.async_rollout.worker
-    why = worker_refusal(worker, exp.rollout.backend)
-    if why is not None:
-        raise ConfigError(
-            why, file=source, key="trainer.async_rollout.worker", value=worker, choices=["thread"]
         )
 
 

@@ -252,10 +252,10 @@ class AsyncRolloutConfig:
     trainer trains; step i trains on tokens sampled by policy versions ≥ i − max_staleness."""
 
     max_staleness: int = 0  # 0: synchronous (on-policy, today's trainer); 1: one step off; k: up to k behind
-    # where the HF backend's rollout worker runs (`rollout.worker_process`): "thread", beside the trainer in its
-    # process on a copy of the policy; "process", a process of its own (its own copy, environment and torch
-    # threads, no interpreter lock shared with the trainer), the weights shipped through shared memory. With
-    # rollout.backend vllm the engine lives in the training process (weights loaded in place): thread only.
+    # where the rollout worker runs (`rollout.worker_process`): "thread", beside the trainer in its process (HF:
+    # on a copy of the policy; vLLM: on the process's engine); "process", a process of its own (its own copy,
+    # environment and torch threads, no interpreter lock shared with the trainer; vLLM: its own engine, loaded
+    # from that copy), the weights shipped through shared memory.
     worker: Literal["thread", "process"] = "thread"
     worker_threads: int | None = None  # torch threads of a worker process; None: torch's default for it
     worker_cpus: tuple[int, ...] = ()  # cores a worker process is pinned to (Linux); empty: the trainer's

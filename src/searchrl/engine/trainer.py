@@ -165,6 +165,8 @@ class Trainer(TrainingStep):
                 continuous=exp.rollout.loop == "episode",
                 **exp.rollout.backend_args,
             )
+            if hasattr(generator, "start") and not self._worker_process():
+                generator.start()  # an engine's memory is taken now; a worker process has its own engine
             rewards = RewardPipeline(exp.rewards, {"docs": lambda: {d.id: d for d in rt.corpus}})
             from searchrl.rollout.loop import check_prompt_room
 
@@ -181,11 +183,16 @@ class Trainer(TrainingStep):
             sum_all=eng.sum,
         )
 
+    def _worker_process(self) -> bool:
+        """Whether the rollouts run in a worker process (asynchronous, ``trainer.async_rollout.worker: process``)."""
+        a = self.cfg.async_rollout
+        return a.max_staleness > 0 and a.worker == "process"
+
     def _check_async(self, algo_cls: Any, algo_cfg: Any) -> None:
         """Refuse ``trainer.async_rollout`` where this version cannot run it, with the reason."""
         if self.cfg.async_rollout.max_staleness == 0:
             return
-        from searchrl.rollout.async_rollout import refusal, worker_refusal
+        from searchrl.rollout.async_rollout import refusal
 
         exp = self.rt.exp
         resamples = getattr(getattr(algo_cfg, "dynamic_sampling", None), "enabled", False)
@@ -203,10 +210,6 @@ class Trainer(TrainingStep):
                 value=self.cfg.async_rollout.max_staleness,
                 choices=["0"],
             )
-        worker = self.cfg.async_rollout.worker
-        why = worker_refusal(worker, exp.rollout.backend)
-        if why is not None:
-            raise ConfigError(why, key="trainer.async_rollout.worker", value=worker, choices=["thread"])
 
     def _start_pipeline(self, step: int) -> None:
         """The asynchronous rollout worker producing steps ``step`` … on, and how the weights of each optimizer

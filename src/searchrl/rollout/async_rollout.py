@@ -21,7 +21,8 @@ stays full. ``max_staleness: 0`` is the synchronous trainer (it does not use thi
 
 The worker is a thread of the training process (PyTorch releases the GIL inside its kernels, so decoding
 and training overlap on separate cores), or runs in a process of its own that drives this same class
-(`searchrl.rollout.worker_process`, ``trainer.async_rollout.worker: process``). Under DDP or DeepSpeed (ZeRO-3 included) each process runs its own
+(`searchrl.rollout.worker_process`, ``trainer.async_rollout.worker: process``; with vLLM its engine then
+starts in that process). Under DDP or DeepSpeed (ZeRO-3 included) each process runs its own
 worker on its share of every step's questions, with a whole copy of the policy that the trainer fills after
 each optimizer step (`searchrl.engine.weights`: under ZeRO-3 one gather of the trainable parameters, the
 adapter only with LoRA), or with its vLLM engine. A run is not bit-reproducible (which version samples a
@@ -76,17 +77,6 @@ def refusal(
         return (
             "the rollout worker runs the per-episode loop (rollout.loop: episode; episodes join and leave "
             f"the running batch one by one), not loop '{loop}'"
-        )
-    return None
-
-
-def worker_refusal(worker: str, backend: str) -> str | None:
-    """Why the rollout worker cannot run as ``worker`` (thread | process) with ``backend`` (None: it can)."""
-    if worker == "process" and backend != "hf":
-        return (
-            f"a rollout worker process runs the HF backend on its own copy of the policy; the {backend} engine lives "
-            "in the training process, which loads its weights into it in place after every optimizer step, and a "
-            "worker thread drives it (worker: thread)"
         )
     return None
 
@@ -251,6 +241,10 @@ class AsyncRollout:
             self.version = version
         with self._cond:
             self._cond.notify_all()
+
+    def join(self) -> None:
+        """Wait until the worker has produced every step up to ``end_step`` (or failed)."""
+        self._thread.join()
 
     def close(self) -> None:
         with self._cond:

@@ -68,27 +68,35 @@ class VLLMGenerator:
             os.environ.setdefault(k, v)
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
-        path = _model_path(model)
-        # vLLM 0.32's kernel dispatcher scans every loaded module and trips over llvmlite's FFI wrapper
-        # (loaded by numba through bm25s): keep that module out of sight while the engine starts
-        hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.startswith("llvmlite.binding.ffi")}
-        try:
-            self.llm = self._start(
-                vllm,
-                path,
-                dtype,
-                seed,
-                gpu_memory_utilization,
-                tensor_parallel_size,
-                max_model_len,
-                enable_sleep_mode,
-                batch_size,
-            )
-        finally:
-            sys.modules.update(hidden)
+        self._path = _model_path(model)
+        self._engine_args = (dtype, seed, gpu_memory_utilization, tensor_parallel_size, max_model_len)
+        self._batch_size = batch_size
         self._vllm = vllm
+        self._llm: Any = None  # started at first use (`llm`)
         self.stale = True  # the policy may already differ from the directory (a resumed run): sync first
         self.syncs = 0
+
+    @property
+    def llm(self) -> Any:
+        """The engine (`start`ed at its first use if not before)."""
+        return self._llm if self._llm is not None else self.start()
+
+    def start(self) -> Any:
+        """Start the engine (once). The trainer starts it with the generator; a trainer whose rollouts run in a
+        worker process (``trainer.async_rollout.worker: process``) never does, the worker starts its own."""
+        if self._llm is None:
+            # vLLM 0.32's kernel dispatcher scans every loaded module and trips over llvmlite's FFI wrapper
+            # (loaded by numba through bm25s): keep that module out of sight while the engine starts
+            hidden = {
+                k: sys.modules.pop(k) for k in list(sys.modules) if k.startswith("llvmlite.binding.ffi")
+            }
+            try:
+                self._llm = self._start(
+                    self._vllm, self._path, *self._engine_args, self.sleep, self._batch_size
+                )
+            finally:
+                sys.modules.update(hidden)
+        return self._llm
 
     @staticmethod
     def _start(
@@ -300,6 +308,8 @@ def _peft_weights(lm: Any) -> Any:
 def _model_path(model: Any) -> str:
     from searchrl.models.policy import is_peft, lm_of
 
+    while type(model).__name__ in ("DistributedDataParallel", "DeepSpeedEngine"):  # a prepared policy
+        model = model.module
     lm = lm_of(model)
     if is_peft(lm):
         lm = lm.get_base_model()

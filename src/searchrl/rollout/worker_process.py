@@ -3,13 +3,16 @@
 The asynchronous pipeline of `searchrl.rollout.async_rollout` (the staleness cap, partial rollouts, each
 token's version, the continuous batch) runs in a child process that builds its own environment (the
 experiment's), its own copy of the policy (loaded as the trainer loads it, then filled with the trainer's
-weights) and an HF generator on it. The trainer's side, `ProcessRollout`, has `AsyncRollout`'s interface
+weights) and the experiment's generator: HF on that copy, or a vLLM engine that the worker starts (the
+training process then starts none) and loads from that copy after every sync (LoRA merged). The worker is
+a world of one process: an engine in it does not join the trainer's process group. The trainer's side, `ProcessRollout`, has `AsyncRollout`'s interface
 (``start``, ``take``, ``sync``, ``close``), so the trainer drives either the same way:
 
 - **weights**: the shipped parameters (the trainable ones: the adapter with LoRA) live in tensors that both
   processes map (shared memory; CUDA tensors through CUDA IPC). ``sync`` copies the trainer's weights into
   them and returns once the worker has loaded them between two of its decode steps, so the buffers are
   never written while the worker reads them. The first fill (every parameter) goes the same way, once.
+  With vLLM the worker's copy holds one more whole copy of the weights beside the engine's.
 - **episodes**: each step's finished batch comes back pickled through a queue with the worker's busy time
   and generated tokens; the trainer scores the rewards, as with a thread worker.
 
@@ -38,6 +41,7 @@ import torch
 from searchrl.core.config import Experiment, LoraConfig
 from searchrl.core.types import Trajectory
 from searchrl.data.example import Example
+from searchrl.models.weights import load_into
 from searchrl.rollout.async_rollout import AsyncRollout, _Batch, batch_metrics, worker_metrics
 from searchrl.rollout.generator import SamplingParams
 
@@ -138,13 +142,21 @@ class ProcessRollout:
 
     def worker_weights(self) -> dict[str, torch.Tensor]:
         """The worker's copy of the policy, every parameter on the CPU (to check that syncs arrive)."""
+        return dict(self._ask(("weights",), "its weights"))
+
+    def worker_sample(self, prompt: list[int], params: SamplingParams) -> Any:
+        """A `Generation` of ``prompt`` by the worker's sampler (a vLLM engine: its own weights), once the worker
+        has produced every step: to check that the sampler holds the trainer's last weights."""
+        return self._ask(("sample", list(prompt), params), "its sample")
+
+    def _ask(self, cmd: tuple[Any, ...], what: str) -> Any:
         with self._cond:
             self._reply = None
-        self._commands.put(("weights",))
+        self._commands.put(cmd)
         with self._cond:
-            self._await(lambda: self._reply is not None, "its weights")
+            self._await(lambda: self._reply is not None, what)
             reply, self._reply = self._reply, None
-        return dict(reply)
+        return reply
 
     def close(self) -> None:
         self._closed = True
@@ -194,7 +206,7 @@ class ProcessRollout:
                     self._initial = None  # the worker holds its own copy now
                 elif kind == "synced":
                     self._synced = max(self._synced, msg[1])
-                elif kind == "weights":
+                elif kind in ("weights", "sample"):
                     self._reply = msg[1]
                 elif kind == "error":
                     self._error = msg[1]
@@ -234,14 +246,16 @@ def serve(
         if spec.threads:
             torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
-        rollout = _build(spec, initial)
+        _own_world(spec.device)
+        side = _build(spec, initial)
         _settle(initial.values())
         del initial
         results.put(("ready",))
-        rollout.start()
+        side.rollout.start()
     except BaseException:
         results.put(("error", traceback.format_exc()))
         return
+    rollout = side.rollout
     sender = threading.Thread(target=_send, args=(rollout, spec, results), daemon=True)
     sender.start()
     parent = os.getppid()
@@ -254,14 +268,15 @@ def serve(
                     return
                 continue
             if cmd[0] == "sync":
-                rollout.sync(buffers, cmd[1])
+                side.load(buffers, cmd[1])
                 _settle(buffers.values())  # read before the trainer may write the buffers again
                 results.put(("synced", cmd[1]))
             elif cmd[0] == "weights":
-                assert rollout.model is not None
                 results.put(
-                    ("weights", {n: p.detach().cpu().clone() for n, p in rollout.model.named_parameters()})
+                    ("weights", {n: p.detach().cpu().clone() for n, p in side.model.named_parameters()})
                 )
+            elif cmd[0] == "sample":
+                results.put(("sample", _sample(side, cmd[1], cmd[2])))
             elif cmd[0] == "stop":
                 return
     except BaseException:
@@ -270,9 +285,30 @@ def serve(
         rollout.close()
 
 
-def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> AsyncRollout:
+@dataclass
+class _Side:
+    """The worker's side: the pipeline, the policy's copy the trainer's weights load into, and the sampler."""
+
+    rollout: AsyncRollout
+    model: torch.nn.Module
+    gen: Any
+    engine: bool  # the sampler holds weights of its own (vLLM), loaded from ``model``
+
+    def load(self, buffers: Mapping[str, torch.Tensor], version: int) -> None:
+        """The trainer's weights of optimizer step ``version`` into the copy, and from it into an engine that
+        holds its own (vLLM: gathered from the copy, LoRA merged; the prefixes of requests in flight kept),
+        between two of the worker's decode steps."""
+
+        def load() -> None:
+            load_into(self.model, buffers)
+            if self.engine:
+                self.gen.sync(reset_prefix_cache=False)
+
+        self.rollout.sync_with(load, version)
+
+
+def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> _Side:
     from searchrl.models.policy import load_policy
-    from searchrl.models.weights import load_into
     from searchrl.rollout.generator import GENERATORS
 
     exp = spec.exp
@@ -280,7 +316,9 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> AsyncRollou
     model, tokenizer = load_policy(spec.model_path, spec.dtype, spec.lora, spec.value_head, spec.detach_trunk)
     model = model.to(spec.device)
     load_into(model, initial)
-    gen = GENERATORS.get("hf")(
+    # the HF backend samples with this copy; vLLM starts its engine here (from the model directory) and loads
+    # the copy's weights into it before its first step and after each of the trainer's syncs
+    gen = GENERATORS.get(exp.rollout.backend)(
         model,
         tokenizer,
         env.stop_strings,
@@ -288,8 +326,9 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> AsyncRollou
         continuous=True,
         **exp.rollout.backend_args,
     )
-    return AsyncRollout(
-        model,
+    engine = hasattr(gen, "start")
+    rollout = AsyncRollout(
+        None if engine else model,
         gen,
         env,
         tokenizer,
@@ -303,6 +342,38 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> AsyncRollou
         end_step=spec.end_step,
         shipped=list(spec.shipped),
     )
+    if engine:
+        gen.start()
+    return _Side(rollout, model.eval(), gen, engine)
+
+
+def _own_world(device: str) -> None:
+    """The worker is a world of one process: an engine started in it (vLLM's, which reads the torchrun
+    variables it inherits from a trainer under ``accelerate launch``) must not join the trainer's process
+    group. ``LOCAL_RANK``: the trainer's device index, the one the engine uses."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    index = torch.device(device).index or 0
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # else it would join torchrun's store as a client
+    os.environ.update(
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK=str(index),
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+
+
+def _sample(side: _Side, prompt: list[int], params: SamplingParams) -> Any:
+    """A generation by the worker's sampler once its pipeline has produced every step (nothing else in
+    flight on it): the check that the sampler, the engine included, holds the trainer's last weights."""
+    side.rollout.join()
+    [g] = side.gen.generate([prompt], params)
+    return g
 
 
 def _send(rollout: AsyncRollout, spec: WorkerSpec, results: Any) -> None:
