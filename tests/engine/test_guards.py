@@ -87,6 +87,23 @@ def test_guards_check_windowed_means_and_non_finite_values():
         GuardConfig(metric="entropy")
 
 
+def test_a_drop_guard_trips_when_the_reward_falls_from_its_best():
+    """``max_drop``: the windowed mean may not fall more than that below the highest it reached; a reward that
+    only climbs or plateaus never trips, and a rollback (reset) measures the best again."""
+    g = Guards([GuardConfig(metric="reward", max_drop=0.25, window=2)])
+    rewards = [0.3, 0.5, 0.7, 0.8, 0.75, 0.6, 0.4]  # window means 0.4, 0.6, 0.75, 0.775, 0.675, 0.5
+    trips = [g.check(step, {"reward/mean": r}) for step, r in enumerate(rewards, 1)]
+    assert trips[:6] == [None] * 6  # 0.775 − 0.5 = 0.275 only at step 7
+    t = trips[6]
+    assert (t.step, t.monitor, t.metric, t.value) == (7, "reward", "reward/mean", pytest.approx(0.5))
+    assert "0.275 below its best 0.775 (max_drop 0.25)" in t.describe()
+    g.reset()
+    assert all(g.check(s, {"reward/mean": r}) is None for s, r in enumerate([0.4, 0.35, 0.3, 0.2], 8))
+    climb = Guards([GuardConfig(metric="reward", max_drop=0.01, window=3)])
+    assert all(climb.check(s, {"reward/mean": 0.1 * s}) is None for s in range(1, 30))
+    GuardConfig(metric="reward", max_drop=0.2)  # a drop alone is a bound
+
+
 def first_trip(monitors, values):
     g = Guards(list(monitors))
     return next((t for step, v in enumerate(values, 1) if (t := g.check(step, {"train/entropy": v}))), None)

@@ -222,18 +222,21 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class GuardConfig:
-    """One collapse monitor: the mean of ``metric`` over the last ``window`` steps must stay in [min, max]."""
+    """One collapse monitor: the mean of ``metric`` over the last ``window`` steps must stay in [min, max], and
+    (``max_drop``) must not fall more than that below the highest such mean since the run (or its last
+    rollback) started: a reward that crashes from wherever it had climbed to."""
 
     # a monitor (entropy, kl, length, reward, grad_norm, loss, tool_calls) or any metrics.jsonl key, e.g. train/clip_frac
     metric: str
     min: float | None = None
     max: float | None = None
+    max_drop: float | None = None
     window: int = 3
     after: int = 0  # steps before the monitor is armed (a warm-up)
 
     def __post_init__(self) -> None:
-        if self.min is None and self.max is None:
-            raise ValueError(f"guard on '{self.metric}' needs a bound: min, max or both")
+        if self.min is None and self.max is None and self.max_drop is None:
+            raise ValueError(f"guard on '{self.metric}' needs a bound: min, max, max_drop or several")
 
 
 @dataclass(frozen=True)
@@ -420,7 +423,7 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "eval_limit": _AT_LEAST_1,
     },
     "WarmStartConfig": {"teacher_passes": _AT_LEAST_1},
-    "GuardConfig": {"window": _AT_LEAST_1, "after": _AT_LEAST_0},
+    "GuardConfig": {"window": _AT_LEAST_1, "after": _AT_LEAST_0, "max_drop": _POSITIVE},
     "AsyncRolloutConfig": {"max_staleness": _AT_LEAST_0, "worker_threads": _AT_LEAST_1},
     "SamplesConfig": {"groups": _AT_LEAST_0, "every": _AT_LEAST_1},
     "GuardsConfig": {"lr_scale": (lambda v: 0 < v <= 1, "in (0, 1]"), "max_rollbacks": _AT_LEAST_0},

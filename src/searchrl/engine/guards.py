@@ -3,7 +3,9 @@ checkpoint with a smaller learning rate, when training degenerates.
 
 The failure peer search-agent projects report most is GRPO collapse: the policy's entropy or its response
 length falls to nothing, the KL to the reference explodes, the reward crashes. A guard watches one metric's
-mean over a window of steps (``trainer.guards.monitors``); the metrics are reduced over processes before
+mean over a window of steps (``trainer.guards.monitors``), against fixed bounds (``min``, ``max``) or against
+its own best (``max_drop``: how far the windowed mean may fall below the highest it reached since the run,
+or its last rollback, started; a reward that climbs and then crashes); the metrics are reduced over processes before
 the check, so every process trips at the same step. Non-finite losses and gradient norms always trip.
 """
 
@@ -60,15 +62,18 @@ class Guards:
     def __init__(self, monitors: tuple[GuardConfig, ...] | list[GuardConfig]) -> None:
         self.monitors = list(monitors)
         self.windows: list[deque[float]] = [deque(maxlen=g.window) for g in self.monitors]
+        self.best: list[float] = [-math.inf for _ in self.monitors]  # the highest windowed mean (max_drop)
 
     def reset(self) -> None:
-        """Forget the recent values (after a rollback, the windows refill from the restored step on)."""
+        """Forget the recent values (after a rollback, the windows refill from the restored step on, and a
+        ``max_drop`` monitor's best is measured again from there)."""
         for w in self.windows:
             w.clear()
+        self.best = [-math.inf for _ in self.monitors]
 
     def check(self, step: int, metrics: dict[str, float]) -> Trip | None:
         """The first guard ``metrics`` (of step ``step``, counted from 1) trip, or None."""
-        for g, window in zip(self.monitors, self.windows):
+        for i, (g, window) in enumerate(zip(self.monitors, self.windows)):
             key = MONITORS.get(g.metric, g.metric)
             if key not in metrics:  # e.g. the KL of a run without a reference model
                 continue
@@ -83,4 +88,10 @@ class Guards:
                 return Trip(step, g.metric, key, mean, f"below min {g.min:g}", g.window)
             if g.max is not None and mean > g.max:
                 return Trip(step, g.metric, key, mean, f"above max {g.max:g}", g.window)
+            self.best[i] = max(self.best[i], mean)
+            if g.max_drop is not None and self.best[i] - mean > g.max_drop:
+                bound = (
+                    f"{self.best[i] - mean:.4g} below its best {self.best[i]:.4g} (max_drop {g.max_drop:g})"
+                )
+                return Trip(step, g.metric, key, mean, bound, g.window)
         return None
