@@ -5,8 +5,8 @@ The failure peer search-agent projects report most is GRPO collapse: the policy'
 length falls to nothing, the KL to the reference explodes, the reward crashes. A guard watches one metric's
 mean over a window of steps (``trainer.guards.monitors``), against fixed bounds (``min``, ``max``) or against
 its own best (``max_drop``: how far the windowed mean may fall below the highest it reached since the run,
-or its last rollback, started; a reward that climbs and then crashes); the metrics are reduced over processes before
-the check, so every process trips at the same step. Non-finite losses and gradient norms always trip.
+or its last rollback, started; a reward that climbs and then crashes); the metrics are reduced over
+processes before the check, so every process trips at the same step. Non-finite losses and gradient norms always trip.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ token's version, the continuous batch) runs in a child process that builds its o
 experiment's), its own copy of the policy (loaded as the trainer loads it, then filled with the trainer's
 weights) and the experiment's generator: HF on that copy, or a vLLM engine that the worker starts (the
 training process then starts none) and loads from that copy after every sync (LoRA merged). The worker is
-a world of one process: an engine in it does not join the trainer's process group. The trainer's side, `ProcessRollout`, has `AsyncRollout`'s interface
-(``start``, ``take``, ``sync``, ``close``), so the trainer drives either the same way:
+a world of one process: an engine in it does not join the trainer's process group. The trainer's side,
+`ProcessRollout`, has `AsyncRollout`'s interface (``start``, ``take``, ``sync``, ``close``), so the trainer
+drives either the same way:
 
 - **weights**: the shipped parameters (the trainable ones: the adapter with LoRA) live in tensors that both
   processes map (shared memory; CUDA tensors through CUDA IPC). ``sync`` copies the trainer's weights into
@@ -314,7 +315,7 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> _Side:
     exp = spec.exp
     env = spec.runtime.env()
     model, tokenizer = load_policy(spec.model_path, spec.dtype, spec.lora, spec.value_head, spec.detach_trunk)
-    model = model.to(spec.device)
+    model = model.to(spec.device).requires_grad_(False)
     load_into(model, initial)
     # the HF backend samples with this copy; vLLM starts its engine here (from the model directory) and loads
     # the copy's weights into it before its first step and after each of the trainer's syncs
