@@ -28,7 +28,7 @@ ROSE = [2.43, 2.39, 3.73, 6.88, 7.09, 4.40]
 BAND = (GuardConfig(metric="entropy", min=0.5, window=2), GuardConfig(metric="entropy", max=5.0, window=2))
 
 
-def run(make_exp, agent_model_dir, guards: GuardsConfig, steps: int = 8, lr: float = LR):
+def run(make_exp, agent_model_dir, guards: GuardsConfig, steps: int = 8, lr: float = LR, save_every: int = 1):
     exp = make_exp(
         f"model.path={agent_model_dir}", "rollout.temperature=1.0", "rewards=[{name: test_trainer_length}]"
     )
@@ -37,7 +37,7 @@ def run(make_exp, agent_model_dir, guards: GuardsConfig, steps: int = 8, lr: flo
         batch_size=4,
         micro_batch_size=16,
         lr=lr,
-        save_every=1,
+        save_every=save_every,
         keep_checkpoints=3,
         guards=guards,
         warmup_steps=WARMUP,
@@ -159,6 +159,21 @@ def test_the_guard_rolls_back_and_the_run_recovers(make_exp, agent_model_dir):
     assert all(r["train/entropy"] == HEALTHY for r in rows)  # recovered: no collapse kept
     assert rows[-1]["guard/trips"] == 1.0 and rows[-1]["train/lr"] == pytest.approx(LR * 0.02)
     assert (exp.out / "final").exists()
+
+
+def test_a_trip_before_the_first_save_rolls_back_to_the_start(make_exp, agent_model_dir):
+    """With ``on_trip: rollback`` the run saves its starting point, so a trip before the first periodic
+    checkpoint goes back to step 0 (it used to stop: nothing to roll back to)."""
+    guards = GuardsConfig(monitors=(ENTROPY,), on_trip="rollback", lr_scale=0.02, max_rollbacks=2)
+    exp, tr = run(make_exp, agent_model_dir, guards, save_every=100)
+    seen = force_collapse(tr)
+    tr.run()
+    trips = json.loads((exp.out / "guards.json").read_text())["trips"]
+    assert [(t["step"], t["action"]) for t in trips] == [(5, "rollback")]
+    assert trips[0]["checkpoint"].endswith("step-000000")
+    assert [s for s, _ in seen] == [1, 2, 3, 4, 5, *range(1, 9)]  # from the start again, at the lower rate
+    rows = read_metrics(exp.out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 9)) and all(r["train/entropy"] == HEALTHY for r in rows)
 
 
 def test_rollbacks_stop_at_max_rollbacks(make_exp, agent_model_dir):

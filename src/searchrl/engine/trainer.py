@@ -344,6 +344,10 @@ class Trainer(TrainingStep):
         cfg, eng = self.cfg, self.engine
         guards = Guards(cfg.guards.monitors)
         step = self.start_step
+        if cfg.guards.on_trip == "rollback" and guards.monitors and step == 0 and self.ckpt.latest() is None:
+            # the starting point, so that a trip within the first save_every steps has somewhere to roll back to
+            with eng.phase("checkpoint", step):
+                self.ckpt.save(0, {"metrics": {}, "algorithm": self.algo.state_dict()})
         try:
             while step < cfg.steps:
                 done = step + 1
