@@ -73,8 +73,12 @@ def output_cache(out: Any) -> Any:
 
 
 def _base_type(model: Any) -> type:
-    """The class of the model under its wrappers (peft, the PPO policy-with-value, DDP / DeepSpeed engines),
-    whose forward's parameters decide what may be passed."""
+    """The class of the model under its wrappers, whose forward's parameters decide what may be passed."""
+    return type(base_model(model))
+
+
+def base_model(model: Any) -> Any:
+    """The model under its wrappers: peft, the PPO policy-with-value, DDP / DeepSpeed engines."""
     for _ in range(8):
         if callable(getattr(model, "get_base_model", None)):
             model = model.get_base_model()
@@ -84,7 +88,7 @@ def _base_type(model: Any) -> type:
             model = model.module
         else:
             break
-    return type(model)
+    return model
 
 
 @functools.cache

@@ -306,13 +306,9 @@ def _peft_weights(lm: Any) -> Any:
 
 
 def _model_path(model: Any) -> str:
-    from searchrl.models.policy import is_peft, lm_of
+    from searchrl.rollout.decoding import base_model
 
-    while type(model).__name__ in ("DistributedDataParallel", "DeepSpeedEngine"):  # a prepared policy
-        model = model.module
-    lm = lm_of(model)
-    if is_peft(lm):
-        lm = lm.get_base_model()
+    lm = base_model(model)  # under peft, a value head and DDP / DeepSpeed's wrapper
     path = getattr(lm, "name_or_path", None) or getattr(lm.config, "_name_or_path", None)
     if not path:
         raise SearchRLError(
