@@ -10,6 +10,7 @@ import torch
 
 from searchrl.algorithms.base import Requirements
 from searchrl.core.config import ConfigError, TrainerConfig
+from searchrl.engine.precision import with_master_weights
 
 
 class Schedule:
@@ -52,11 +53,16 @@ def batch_shape(cfg: TrainerConfig, req: Requirements, algorithm: str, world: in
     return rows, micro, _divide(mini, micro, "sequences per mini-batch", "trainer.micro_batch_size")
 
 
-def make_optimizer(cfg: TrainerConfig, groups: list[dict[str, Any]]) -> tuple[torch.optim.Optimizer, Any]:
-    """The optimizer over ``groups`` and its learning-rate schedule (per update: steps × epochs × mini-batches)."""
+def make_optimizer(
+    cfg: TrainerConfig, groups: list[dict[str, Any]], master_weights: bool = False
+) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer over ``groups`` and its learning-rate schedule (per update: steps × epochs × mini-batches).
+    ``master_weights``: bfloat16 / float16 parameters stepped through float32 copies (`engine.precision`)."""
     from transformers import get_scheduler
 
-    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
+    opt_cls: Any = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.SGD
+    if master_weights:
+        opt_cls = with_master_weights(opt_cls)
     optimizer = opt_cls(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     per_step = cfg.epochs * cfg.mini_batches
     # "constant" with warm-up steps means a linear warm-up, then constant

@@ -24,6 +24,7 @@ from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.guards import Guards, GuardTrip, Trip
 from searchrl.engine.metrics import MetricsSink
+from searchrl.engine.precision import use_master_weights
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule, batch_shape, make_optimizer
 from searchrl.engine.step import TrainingStep
@@ -88,7 +89,9 @@ class Trainer(TrainingStep):
             seed=seed,
         )
         policy, self.tokenizer = self._load_policy()
-        optimizer, scheduler = make_optimizer(cfg, algo_cls.param_groups(algo_cfg, policy, cfg.lr))
+        groups = algo_cls.param_groups(algo_cfg, policy, cfg.lr)
+        master = use_master_weights(cfg.master_weights, groups, eng.is_deepspeed, eng.print)
+        optimizer, scheduler = make_optimizer(cfg, groups, master_weights=master)
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
         self.temperature = exp.rollout.temperature if req.online else 1.0
         self.ctx = self._context(records)

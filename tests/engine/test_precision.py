@@ -1,0 +1,132 @@
+"""Float32 master weights for bfloat16 training (`engine.precision`, ``trainer.master_weights``)."""
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+from searchrl.core.config import TrainerConfig
+from searchrl.engine.precision import MasterWeights, with_master_weights
+
+from .test_trainer import trainer_for
+
+OPTIMIZERS = {
+    "adamw": (torch.optim.AdamW, {"lr": 1e-6, "weight_decay": 0.01}),
+    "sgd-momentum": (torch.optim.SGD, {"lr": 1e-6, "momentum": 0.9}),
+}
+
+
+def _runs(cls, kw, steps, seed=0):
+    """The same gradients through (a) the master-weight optimizer on bfloat16 parameters, (b) the plain one
+    on float32 copies of the same starting values, (c) the plain one on the bfloat16 parameters."""
+    gen = torch.Generator().manual_seed(seed)
+    w0 = (torch.randn(64, 96, generator=gen) * 0.02).bfloat16()
+    mixed, ref, plain = (torch.nn.Parameter(w0.clone()) for _ in range(3))
+    ref.data = ref.data.float()
+    opts = [with_master_weights(cls)([mixed], **kw), cls([ref], **kw), cls([plain], **kw)]
+    for _ in range(steps):
+        g = torch.randn(w0.shape, generator=gen)
+        mixed.grad, ref.grad, plain.grad = g.bfloat16(), g.bfloat16().float(), g.bfloat16()
+        for o in opts:
+            o.step()
+    return w0, (mixed, ref, plain), opts
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_master_weights_step_as_float32_and_round_once(name):
+    cls, kw = OPTIMIZERS[name]
+    w0, (mixed, ref, plain), (opt, _, _) = _runs(cls, kw, steps=20)
+    assert mixed.dtype == torch.bfloat16 and mixed.grad.dtype == torch.bfloat16  # the model is untouched
+    master = opt.state[mixed]["master"]
+    assert master.dtype == torch.float32 and torch.equal(master, ref.detach())  # exactly the float32 run
+    assert torch.equal(mixed.detach(), ref.detach().bfloat16())  # the parameter: that run, rounded
+    assert all(v.dtype == torch.float32 for k, v in opt.state[mixed].items() if k != "step")
+    # what it prevents: stepped in place, the bfloat16 parameter drifts away from the float32 run, because
+    # updates below half a rounding step are dropped (most of them at these learning rates)
+    true_move = (ref.detach() - w0.float()).abs().mean()
+    plain_err = (plain.detach().float() - ref.detach()).abs().mean()
+    assert plain_err > 0.5 * true_move
+
+
+def test_updates_too_small_to_round_accumulate_until_they_show():
+    start = torch.full((8,), 0.02).bfloat16()
+    w, plain = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    opts = with_master_weights(torch.optim.SGD)([w], lr=1.0), torch.optim.SGD([plain], lr=1.0)
+    spacing = 2.0**-13  # between bfloat16 values in [2^-6, 2^-5)
+    moves = []
+    for _ in range(6):
+        w.grad = torch.full_like(w, -0.4 * spacing)  # 0.4 of a rounding step up each time
+        plain.grad = w.grad.clone()
+        for o in opts:
+            o.step()
+        moves.append(round((float(w.detach()[0]) - float(start[0])) / spacing))
+    assert moves == [0, 1, 1, 2, 2, 2]  # round(0.4 k): the sum of the updates, rounded once
+    assert torch.equal(plain.detach(), start)  # stepped in bfloat16, each update is rounded away
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_loaded_state_keeps_its_float32_copies(name):
+    cls, kw = OPTIMIZERS[name]
+    _, (mixed, _, _), (opt, _, _) = _runs(cls, kw, steps=6)
+    saved = copy.deepcopy(opt.state_dict())
+    again = torch.nn.Parameter(mixed.detach().clone())
+    opt2 = with_master_weights(cls)([again], **kw)
+    opt2.load_state_dict(saved)  # torch would cast every state tensor to bfloat16
+    assert all(v.dtype == torch.float32 for k, v in opt2.state[again].items() if k != "step")
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(4):  # the resumed optimizer continues exactly as the original does
+        g = torch.randn(mixed.shape, generator=gen).bfloat16()
+        mixed.grad, again.grad = g, g.clone()
+        opt.step()
+        opt2.step()
+    assert torch.equal(opt.state[mixed]["master"], opt2.state[again]["master"])
+    assert torch.equal(mixed.detach(), again.detach())
+
+
+def test_float32_parameters_are_stepped_as_they_are():
+    p = torch.nn.Parameter(torch.ones(4))
+    q = torch.nn.Parameter(torch.ones(4))
+    a, b = with_master_weights(torch.optim.AdamW)([p], lr=0.1), torch.optim.AdamW([q], lr=0.1)
+    for _ in range(3):
+        p.grad, q.grad = torch.arange(4.0), torch.arange(4.0)
+        a.step()
+        b.step()
+    assert torch.equal(p, q) and "master" not in a.state[p]
+
+
+@pytest.mark.parametrize("master", [True, False])
+def test_the_trainer_keeps_master_weights_for_a_bfloat16_policy(make_exp, master):
+    exp = make_exp("model.dtype=bfloat16", "rewards=[{name: test_trainer_length}]", "rollout.temperature=1.0")
+    cfg = TrainerConfig(steps=1, batch_size=2, micro_batch_size=4, lr=1e-3, master_weights=master)
+    tr = trainer_for(exp, "grpo", cfg)
+    tr.step(0)
+    inner = getattr(tr.optimizer, "optimizer", tr.optimizer)  # accelerate's wrapper
+    assert isinstance(inner, MasterWeights) is master
+    params = [p for p in tr.policy.parameters() if p.requires_grad]
+    assert params and all(p.dtype == torch.bfloat16 for p in params)
+    states = [inner.state[p] for p in params]
+    if master:
+        assert all(s["master"].dtype == torch.float32 for s in states)
+        assert all(s["exp_avg"].dtype == torch.float32 for s in states)
+        assert all(torch.equal(p.detach(), s["master"].bfloat16()) for p, s in zip(params, states))
+    else:
+        assert all("master" not in s and s["exp_avg"].dtype == torch.bfloat16 for s in states)
+
+
+def test_a_bfloat16_run_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does(make_exp, tmp_path):
+    """The checkpoint holds the float32 copies: a resumed run continues from them, not from the rounded
+    weights (which would lose the progress below a rounding step that the copies carry)."""
+    exp = make_exp("model.dtype=bfloat16", "rewards=[{name: test_trainer_length}]", "rollout.temperature=1.0")
+    cfg = TrainerConfig(steps=4, batch_size=2, micro_batch_size=4, lr=1e-5, save_every=2)
+    whole = trainer_for(exp, "grpo", cfg, out=tmp_path / "a")
+    whole.run()
+    first = trainer_for(exp, "grpo", replace(cfg, steps=2), out=tmp_path / "b")
+    first.run()
+    resumed = trainer_for(exp, "grpo", cfg, out=tmp_path / "b", resume=True)
+    assert resumed.start_step == 2
+    inner = resumed.optimizer.optimizer
+    assert all(inner.state[p]["master"].dtype == torch.float32 for p in resumed.policy.parameters())
+    resumed.run()
+    for (name, a), b in zip(whole.policy.named_parameters(), resumed.policy.parameters()):
+        assert torch.equal(a, b), name
