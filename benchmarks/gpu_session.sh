@@ -10,11 +10,14 @@
 #                  Qwen2.5's vocabulary, drawn on the GPU, saved under $MODELS
 #   smoke          gpu_smoke.py at the 0.5B shape: every algorithm x LoRA/full, HF backend, one process
 #   rollout S      rollout_overhead.py at shape S, batch 64 and 256, and a profile of each loop at batch 64
+#   rollout-nocudnn S   the same with cuDNN's attention turned off (--no-cudnn-sdpa)
 #   step           step_time.py: our GRPO step against TRL's GRPOTrainer, 0.5B shape
-#   memory S       a GRPO step's peak GPU memory at shape S: LoRA and full, lean log-probs on and off, with
+#   memory S       a GRPO step's peak GPU memory at shape S (episodes padded to ~1.1k tokens, gpu_smoke
+#                  --pad-actions): LoRA and full, lean log-probs on and off, with
 #                  activation checkpointing (memory-lean: lean only; memory-nockpt: lean, without checkpointing)
 #   zero3          DeepSpeed ZeRO-3 on one GPU against one plain process, 1.5B shape, full parameters
 #   async          async_rollout.py: sync against max_staleness 1 and 4, with and without 50 ms retrieval
+#   async-short    async_rollout.py: sync against max_staleness 1, the worker as a thread and as a process
 #
 # Packages the machine lacks travel as wheels in .whl/ (see docs/scaling.md, "Running on a lent GPU").
 # Results: JSON and Markdown under $RES (default /tmp/gpu_results), packed into $OUT/results.tgz after
@@ -88,36 +91,44 @@ print('GPU libraries imported:', sorted({m.split('.')[0] for m in sys.modules} &
     smoke)
       run 420 smoke $PY benchmarks/gpu_smoke.py --model "$(model qwen2.5-0.5b)" --layouts single --backends hf \
         --out "$RES" --tag "$GPU-gpu_smoke-qwen2.5-0.5b" ;;
-    rollout)
+    rollout|rollout-nocudnn)
+      extra=(); tag=rollout_overhead
+      [ "$step" = rollout-nocudnn ] && extra=(--no-cudnn-sdpa) && tag=rollout_overhead-nocudnn
       for s in "${sizes[@]}"; do
-        run 300 "rollout $s" $PY benchmarks/rollout_overhead.py --model "$(model "$s")" --device cuda \
-          --dtype bfloat16 --batch 64 256 --turns --repeats 2 --profile --out "$RES" --tag "$GPU-rollout_overhead-$s"
+        run 300 "$step $s" $PY benchmarks/rollout_overhead.py --model "$(model "$s")" --device cuda \
+          --dtype bfloat16 --batch 64 256 --turns --repeats 2 --profile "${extra[@]}" --out "$RES" \
+          --tag "$GPU-$tag-$s"
       done ;;
     step)
       run 300 step $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda --dtype bfloat16 \
         --steps 4 --out "$RES" --tag "$GPU-step_time-qwen2.5-0.5b" ;;
     memory|memory-lean|memory-nockpt)
-      # 2 questions x 8 samples of one turn of 1,024 tokens (a random-weight model closes no tag: its first
-      # action is its last, and runs to the limit): episodes of about 1.1k tokens, 8 per micro-batch
+      # 2 questions x 8 samples of one turn, each action sampled for 16 tokens and then padded with random ids
+      # to 1,024 (gpu_smoke --pad-actions: decoding 1,024 tokens one step at a time took over 2 minutes per
+      # launch on an H100, most of a lease): episodes of about 1.1k tokens, 8 per micro-batch, 2 steps
       for s in "${sizes[@]}"; do
         variants="lean no-lean"; ckpt=--checkpointing; name=ckpt
         [ "$step" != memory ] && variants=lean
         [ "$step" = memory-nockpt ] && ckpt= && name=nockpt
         for lean in $variants; do
           run 300 "memory $s $lean $name" $PY benchmarks/gpu_smoke.py --model "$(model "$s")" --layouts single \
-            --backends hf --algorithms grpo --steps 1 --questions 2 --group-size 8 --micro-batch 8 \
-            --max-turns 1 --max-new-tokens 1024 --max-total-tokens 2048 --"$lean" $ckpt \
+            --backends hf --algorithms grpo --steps 2 --questions 2 --group-size 8 --micro-batch 8 \
+            --max-turns 1 --max-new-tokens 16 --pad-actions 1024 --max-total-tokens 2048 --"$lean" $ckpt \
             --out "$RES" --tag "$GPU-memory-$s-$lean-$name"
         done
       done ;;
     zero3)
       run 360 zero3 $PY benchmarks/gpu_smoke.py --model "$(model qwen2.5-1.5b)" --layouts single zero3 \
         --processes 1 --modes full --backends hf --algorithms grpo --steps 2 --questions 2 --group-size 8 \
-        --micro-batch 8 --max-turns 1 --max-new-tokens 1024 --max-total-tokens 2048 --checkpointing \
+        --micro-batch 8 --max-turns 1 --max-new-tokens 16 --pad-actions 1024 --max-total-tokens 2048 --checkpointing \
         --out "$RES" --tag "$GPU-zero3-qwen2.5-1.5b" ;;
     async)
       run 420 async $PY benchmarks/async_rollout.py --model "$(model qwen2.5-0.5b)" --dtype bfloat16 --steps 4 \
         --staleness 0 1 4 --latency 0 0.05 --out "$RES/$GPU-async-qwen2.5-0.5b.json" ;;
+    async-short)  # the worker as a thread and as a process of its own, synchronous against staleness 1
+      run 240 async-short $PY benchmarks/async_rollout.py --model "$(model qwen2.5-0.5b)" --dtype bfloat16 \
+        --steps 4 --staleness 0 1 --latency 0 --worker thread process \
+        --out "$RES/$GPU-async-worker-qwen2.5-0.5b.json" ;;
     *) echo "unknown step $step" | tee -a "$LOG" ;;
   esac
 done

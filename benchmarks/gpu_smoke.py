@@ -11,6 +11,11 @@ steps on the synthetic world (generated on the fly) and checks the invariants a 
   the sampled action ids; every action that contains a stop tag ends at the token that completes the first one;
 - training: losses finite; the trained weights changed; with vLLM, its weights re-synced after every step.
 
+``--pad-actions N`` (memory at long episodes without decoding them token by token): every sampled action is
+lengthened to N tokens with random ids before the step's training passes, so the step trains on episodes of
+the prompt plus N tokens each; the sampler checks (log-prob gap, masks, stops) are then skipped for the
+online algorithms, since the appended ids were not sampled.
+
 It prints one table (pass/fail with the reason, seconds per step, tokens/s, peak memory per process) and
 writes it to ``--out``. Peak memory is ``torch.cuda.max_memory_allocated`` on a GPU and the peak resident
 set size during the combination on a CPU.
@@ -83,6 +88,30 @@ def weights_checksum(tr: Any) -> float:
             local = getattr(p, "ds_tensor", None)
             total += float((local if local is not None else p.data).float().pow(2).sum())
     return tr.engine.sum(total)
+
+
+def pad_actions(trajs: list[Any], n: int, vocab: int, seed: int) -> None:
+    """Lengthen each trajectory's last action to ``n`` tokens with random ids (``--pad-actions``), in place:
+    its sampling log-probs as for a uniform sampler, every step's ``last_token`` moved with it."""
+    import random
+
+    rng = random.Random(seed)
+    for t in trajs:
+        actions = [i for i, s in enumerate(t.segments) if s.kind == "action"]
+        if not actions:
+            continue
+        seg = t.segments[actions[-1]]
+        extra = max(0, n - len(seg.token_ids))
+        seg.token_ids = list(seg.token_ids) + [rng.randrange(vocab) for _ in range(extra)]
+        if seg.logprobs is not None:
+            seg.logprobs = list(seg.logprobs) + [-math.log(vocab)] * extra
+        if seg.versions is not None:
+            seg.versions = list(seg.versions) + [seg.versions[-1]] * extra
+        ends = [0]
+        for s in t.segments:
+            ends.append(ends[-1] + len(s.token_ids))
+        for st in t.steps:
+            st.last_token = ends[st.segment + 1] - 1
 
 
 def check_rollouts(trajs: list[Any], tok: Any, pad_id: int) -> list[str]:
@@ -198,10 +227,12 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
             seed=0,
         )
         collected: list[Any] = []
-        collect = tr.algo.collect
+        collect, vocab = tr.algo.collect, len(tr.tokenizer)
 
         def recorded(indices: list[int]) -> Any:
             trajs, metrics = collect(indices)
+            if a.pad_actions and algo in ONLINE:
+                pad_actions(trajs, a.pad_actions, vocab, seed=len(collected))
             collected[:] = trajs
             return trajs, metrics
 
@@ -217,9 +248,10 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
             if not all(math.isfinite(v) for k, v in m.items() if k.startswith("train/")):
                 problems.append(f"non-finite training metrics at step {step + 1}")
             gap = m.get("rollout/logprob_max_diff")
-            if gap is not None and gap > a.logprob_tol:
+            sampled = not (a.pad_actions and algo in ONLINE)  # padded ids were not sampled: nothing to check
+            if sampled and gap is not None and gap > a.logprob_tol:
                 problems.append(f"sampler/trainer log-prob gap {gap:.2e} > {a.logprob_tol:g}")
-            if algo in ONLINE:
+            if sampled and algo in ONLINE:
                 problems += check_rollouts(collected, tr.tokenizer, tr.tokenizer.pad_token_id)
         if weights_checksum(tr) == before:
             problems.append("weights did not change")
@@ -406,6 +438,12 @@ def parse() -> argparse.Namespace:
         default=True,
         help="trainer.lean_logprobs: the output layer at the action tokens only (--no-lean: full logits)",
     )
+    p.add_argument(
+        "--pad-actions",
+        type=int,
+        default=0,
+        help="lengthen every sampled action to this many tokens with random ids (memory at long episodes)",
+    )
     p.add_argument("--dtype", default=None, help="model.dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument(
         "--logprob-tol", type=float, default=None, help="default: 1e-3 in float32, 0.1 in bfloat16"
@@ -455,6 +493,7 @@ def main() -> None:
         "--dtype",
         "--logprob-tol",
         "--vllm-memory",
+        "--pad-actions",
     )
     a.passthrough = []
     for k in keep:
@@ -486,7 +525,9 @@ def main() -> None:
         f"# {a.tag}: {a.model} on {gpu}, {a.dtype}, {a.steps} steps, lean log-probs {'on' if a.lean else 'off'}, "
         f"activation checkpointing {'on' if a.checkpointing else 'off'}, "
         f"{a.questions} questions x group {a.group_size}, {a.max_turns} turns of up to {a.max_new_tokens} tokens, "
-        f"at most {a.max_total_tokens} tokens, micro-batch {a.micro_batch}\n\n"
+        f"at most {a.max_total_tokens} tokens, micro-batch {a.micro_batch}"
+        + (f", every action padded to {a.pad_actions} random tokens" if a.pad_actions else "")
+        + "\n\n"
     )
     (out / f"{a.tag}.md").write_text(header + text + "\n\n" + summary + "\n")
     (out / f"{a.tag}.json").write_text(
