@@ -234,8 +234,8 @@ def _settle(tensors: Any) -> None:
 # ----------------------------------------------------------------------------------------------- worker side
 def serve(
     spec: WorkerSpec,
-    initial: Mapping[str, torch.Tensor],
-    buffers: Mapping[str, torch.Tensor],
+    initial: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
     commands: Any,
     results: Any,
 ) -> None:
@@ -250,7 +250,10 @@ def serve(
         _own_world(spec.device)
         side = _build(spec, initial)
         _settle(initial.values())
-        del initial
+        # emptied, not just dropped: the process object's arguments hold the same dict, and a CUDA tensor shared
+        # by the trainer stays allocated there (in PyTorch's limbo for sent blocks) until every receiver has
+        # let go of it; the child ends with os._exit, which runs no destructors
+        initial.clear()
         results.put(("ready",))
         side.rollout.start()
     except BaseException:
@@ -284,6 +287,7 @@ def serve(
         results.put(("error", traceback.format_exc()))
     finally:
         rollout.close()
+        buffers.clear()  # released before os._exit (as ``initial`` above): the trainer's blocks can be freed
 
 
 @dataclass
