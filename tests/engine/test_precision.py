@@ -130,3 +130,18 @@ def test_a_bfloat16_run_resumed_from_its_checkpoint_ends_where_an_uninterrupted_
     resumed.run()
     for (name, a), b in zip(whole.policy.named_parameters(), resumed.policy.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_master_weights_are_chosen_for_low_precision_parameters_outside_deepspeed():
+    from searchrl.engine.precision import use_master_weights
+
+    bf16 = [{"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]}]
+    fp32 = [{"params": [torch.nn.Parameter(torch.zeros(3))]}]
+    said: list[str] = []
+    assert use_master_weights(True, bf16, deepspeed=False, say=said.append)
+    assert "master weights" in said[-1]
+    assert not use_master_weights(True, bf16, deepspeed=True, say=said.append)  # DeepSpeed keeps its own
+    assert not use_master_weights(True, fp32, deepspeed=False, say=said.append)  # nothing to copy
+    assert len(said) == 1
+    assert not use_master_weights(False, bf16, deepspeed=False, say=said.append)
+    assert said[-1].startswith("warning:") and "trainer.master_weights: false" in said[-1]
