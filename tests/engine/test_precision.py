@@ -145,3 +145,41 @@ def test_master_weights_are_chosen_for_low_precision_parameters_outside_deepspee
     assert len(said) == 1
     assert not use_master_weights(False, bf16, deepspeed=False, say=said.append)
     assert said[-1].startswith("warning:") and "trainer.master_weights: false" in said[-1]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_step_in_chunks_equals_one_float32_step(name, monkeypatch):
+    """The float32 gradient copies are made a chunk at a time (``chunk_numel``): split over several
+    parameters, groups and chunks, the result is still exactly the float32 run's, rounded once."""
+    cls, kw = OPTIMIZERS[name]
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(5, 7), (3,), (11, 2), (4, 4), (6,)]
+    w0 = [(torch.randn(s, generator=gen) * 0.02).bfloat16() for s in shapes]
+    mixed = [torch.nn.Parameter(w.clone()) for w in w0]
+    ref = [torch.nn.Parameter(w.float()) for w in w0]
+    head = torch.nn.Parameter(torch.randn(3, generator=gen))  # a float32 parameter beside them
+    head_ref = torch.nn.Parameter(head.detach().clone())
+    opt = with_master_weights(cls)([{"params": mixed[:2]}, {"params": [*mixed[2:], head], "lr": 3e-6}], **kw)
+    ref_opt = cls([{"params": ref[:2]}, {"params": [*ref[2:], head_ref], "lr": 3e-6}], **kw)
+    monkeypatch.setattr(opt, "chunk_numel", 40)
+    for step in range(4):
+        for m, r in zip([*mixed, head], [*ref, head_ref]):
+            g = torch.randn(m.shape, generator=gen)
+            m.grad, r.grad = g.to(m.dtype), g.to(m.dtype).float()
+        if (
+            step == 0
+        ):  # gradients now set: the split has several chunks, none over the bound but a lone parameter
+            parts = opt._parts([g["params"] for g in opt.param_groups])
+            sizes = [
+                sum(p.numel() for ps in part for p in ps if p.dtype == torch.bfloat16) for part in parts[1:]
+            ]
+            assert len(sizes) >= 3 and all(s <= 40 for s in sizes)
+            assert parts[0] == [[], [head]]  # the float32 parameter, stepped as it is
+        opt.step()
+        ref_opt.step()
+    assert [g["params"] for g in opt.param_groups] == [mixed[:2], [*mixed[2:], head]]  # restored
+    for m, r in zip(mixed, ref):
+        assert torch.equal(opt.state[m]["master"], r.detach()) and torch.equal(
+            m.detach(), r.detach().bfloat16()
+        )
+    assert torch.equal(head, head_ref)

@@ -13,7 +13,8 @@ the copy and the optimizer's state (Adam's moments) are float32 and live in the 
 saved with it and restored without rounding; after each step the model's parameter is the copy rounded to its
 own dtype. Float32 parameters (LoRA adapters, which peft keeps in float32) are stepped as they are. Cost per
 low-precision trainable parameter: 4 bytes for the copy and, with AdamW, 4 more for its moments than bfloat16
-moments take (a 7.6B model trained whole: about 61 GB more).
+moments take (a 7.6B model trained whole: about 61 GB more); during the step, float32 copies of the gradients,
+at most ``chunk_numel`` elements (1 GiB) at a time.
 """
 
 from __future__ import annotations
@@ -30,21 +31,60 @@ LOW = (torch.bfloat16, torch.float16)
 class MasterWeights(torch.optim.Optimizer):
     """Mixin: steps float32 copies of the low-precision parameters (see the module's docstring)."""
 
-    @torch.no_grad()
+    # elements of float32 gradient copies alive at once: the step runs over chunks of the low-precision
+    # parameters, so the copies add at most 1 GiB at the step's peak instead of 4 bytes per parameter
+    chunk_numel = 2**28
+
     def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        whole = [g["params"] for g in self.param_groups]
+        try:
+            for part in self._parts(whole):
+                for group, params in zip(self.param_groups, part):
+                    group["params"] = params
+                self._step_copies()
+        finally:
+            for group, params in zip(self.param_groups, whole):
+                group["params"] = params
+        return loss
+
+    def _parts(self, whole: list[list[torch.nn.Parameter]]) -> list[list[list[torch.nn.Parameter]]]:
+        """Each group's parameters split into steps: the float32 ones in the first, then the low-precision
+        ones with a gradient, at most ``chunk_numel`` elements per step (one parameter at least)."""
+        parts = [[[p for p in ps if p.dtype not in LOW] for ps in whole]]
+        current: list[list[torch.nn.Parameter]] = [[] for _ in whole]
+        size = 0
+        for i, ps in enumerate(whole):
+            for p in ps:
+                if p.dtype not in LOW or p.grad is None:
+                    continue
+                if size and size + p.numel() > self.chunk_numel:
+                    parts.append(current)
+                    current, size = [[] for _ in whole], 0
+                current[i].append(p)
+                size += p.numel()
+        return [*parts, current] if size else parts
+
+    @torch.no_grad()
+    def _step_copies(self) -> None:
+        """One step of the optimizer over the current groups, the low-precision parameters swapped for their
+        float32 copies (and gradients) while it runs, then rounded back."""
         swapped: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor | None]] = []
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dtype not in LOW:
                     continue
-                # the copy joins the state after the first step: the optimizer initialises an empty state
+                # the copy joins the state after its first step: the optimizer initialises an empty state
                 master = self.state[p].get("master")
                 low, grad = p.data, p.grad
                 p.data = p.detach().float() if master is None else master
                 p.grad = grad.float() if grad is not None else None  # the optimizer steps (and keeps
                 swapped.append((p, low, grad))  # its moments for) the copy
         try:
-            loss = super().step(closure)
+            super().step()
         finally:
             for p, low, grad in swapped:
                 master = p.data
@@ -52,7 +92,6 @@ class MasterWeights(torch.optim.Optimizer):
                 p.data.copy_(master)  # rounded to nearest
                 p.grad = grad
                 self.state[p]["master"] = master
-        return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch casts every loaded state tensor to its parameter's dtype, which would round the float32 copies
