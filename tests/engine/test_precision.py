@@ -183,3 +183,155 @@ def test_a_step_in_chunks_equals_one_float32_step(name, monkeypatch):
             m.detach(), r.detach().bfloat16()
         )
     assert torch.equal(head, head_ref)
+
+
+# ---------------------------------------------------------------------- float32 gradient accumulation
+SMALL = (
+    3 * 2.0**-10
+)  # below half of bfloat16's rounding step at 1.0 (2^-8): added to 1.0 in place, it is lost
+
+
+def _micro_grads(n: int) -> list[torch.Tensor]:
+    """Gradients of ``n`` micro-batches for a (4,) parameter: 1.0 first, then small ones."""
+    return [torch.ones(4)] + [torch.full((4,), SMALL) for _ in range(n - 1)]
+
+
+def _accumulate(p: torch.nn.Parameter, grads: list[torch.Tensor]) -> None:
+    """One backward pass per micro-batch into ``p`` (loss = <p, g>)."""
+    for g in grads:
+        (p.float() * g).sum().backward()
+
+
+def test_gradients_are_summed_in_float32_and_rounded_once():
+    from searchrl.engine.precision import Float32Gradients
+
+    grads = _micro_grads(16)
+    plain = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    _accumulate(plain, grads)
+    assert torch.equal(plain.grad, torch.ones(4, dtype=torch.bfloat16))  # in place: every small one lost
+
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    g32 = Float32Gradients([p])
+    seen = []
+    for i, g in enumerate(grads):
+        if i < len(grads) - 1:
+            g32.folding = True
+        else:
+            seen.append((p.grad, g32.sums[p].dtype))  # before the last pass: freed, the sum is float32
+            g32.unfold()
+        (p.float() * g).sum().backward()
+    assert seen == [(None, torch.float32)] and not g32.sums and not g32.folding
+    total32 = sum(grads[:-1], torch.zeros(4))  # float32: 1 + 14 * SMALL
+    expect = (total32.bfloat16().float() + grads[-1]).bfloat16()  # rounded once, then the last pass's add
+    assert torch.equal(p.grad, expect) and p.grad.dtype == torch.bfloat16
+    assert (p.grad.float() - (total32 + grads[-1])).abs().max() <= 2.0**-7  # within a rounding step
+    assert p.grad[0] > 1.03  # the small gradients count
+
+
+def test_float32_gradients_leave_other_parameters_and_passes_alone():
+    from searchrl.engine.precision import Float32Gradients
+
+    full = torch.nn.Parameter(torch.zeros(4))  # float32 (a LoRA adapter): accumulates as it is
+    frozen = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16), requires_grad=False)
+    low = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    g32 = Float32Gradients([full, frozen, low])
+    assert g32.params == [low]
+    g32.folding = True
+    ((full + low.float()) * torch.ones(4)).sum().backward()
+    assert low.grad is None and torch.equal(full.grad, torch.ones(4)) and low in g32.sums
+    g32.clear()  # an update that did not finish leaves nothing behind
+    assert not g32.sums and not g32.folding
+    ((full + low.float()) * torch.ones(4)).sum().backward()
+    assert torch.equal(low.grad, torch.ones(4, dtype=torch.bfloat16))  # not folding: in place, as before
+    g32.remove()
+    g32.folding = True
+    (low.float().sum()).backward()
+    assert not g32.sums  # no hooks left
+
+
+@pytest.mark.parametrize("master", [True, False])
+def test_the_trainer_sums_a_bfloat16_policys_gradients_in_float32(make_exp, master, monkeypatch):
+    """Several micro-batches per update: every low-precision gradient reaches the last micro-batch's pass as
+    a float32 sum (and its own gradient is freed meanwhile); without master weights nothing is folded."""
+    from searchrl.engine.precision import Float32Gradients
+
+    seen: list[dict] = []
+    unfold = Float32Gradients.unfold
+
+    def spy(self):
+        seen.append({p: (p.grad, s.dtype) for p, s in self.sums.items()})
+        unfold(self)
+
+    monkeypatch.setattr(Float32Gradients, "unfold", spy)
+    exp = make_exp("model.dtype=bfloat16", "rewards=[{name: test_trainer_length}]", "rollout.temperature=1.0")
+    cfg = TrainerConfig(steps=1, batch_size=2, micro_batch_size=2, lr=1e-3, master_weights=master)
+    tr = trainer_for(exp, "grpo", cfg)
+    assert tr.engine.grad_accum > 1
+    if not master:
+        assert tr.grads32 is None
+        return
+    params = [p for p in tr.policy.parameters() if p.requires_grad]
+    assert tr.grads32.params == params
+    before = [p.detach().clone() for p in params]
+    tr.step(0)
+    assert seen and all(set(s) == set(params) for s in seen)  # once per update, every parameter folded
+    assert all(g is None and dt == torch.float32 for s in seen for g, dt in s.values())
+    assert not tr.grads32.sums and not tr.grads32.folding
+    assert any(not torch.equal(a, p) for a, p in zip(before, params))
+
+
+class _Dot(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+
+    def forward(self, g: torch.Tensor) -> torch.Tensor:
+        return (self.p.float() * g).sum()
+
+
+def _ddp_accumulate(rank: int, world: int, init: str, out: str, fold: bool) -> None:
+    """One process of `test_float32_sums_go_through_ddps_reduction`: 16 micro-batches under DDP, the
+    first 15 without synchronising, as accelerate's accumulation runs them."""
+    import torch.distributed as dist
+
+    from searchrl.engine.precision import Float32Gradients
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_Dot())
+        g32 = Float32Gradients(list(model.parameters())) if fold else None
+        grads = _micro_grads(16)
+        grads[0] = grads[0] * (rank + 1)  # rank 0 starts at 1.0, rank 1 at 2.0
+        for i, g in enumerate(grads):
+            last = i == len(grads) - 1
+            if g32 is not None:
+                if last:
+                    g32.unfold()
+                else:
+                    g32.folding = True
+            if last:
+                model(g).backward()
+            else:
+                with model.no_sync():
+                    model(g).backward()
+        if rank == 0:
+            torch.save(model.module.p.grad, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_float32_sums_go_through_ddps_reduction(tmp_path):
+    """Under DDP the last micro-batch's pass reduces the whole sum over the processes: the gradient is the
+    float32 average within a rounding step, where accumulation in place loses every small micro-batch."""
+    import torch.multiprocessing as mp
+
+    got = {}
+    for fold in (True, False):
+        out = tmp_path / f"grad-{fold}.pt"
+        init = (tmp_path / f"init-{fold}").as_uri()
+        mp.spawn(_ddp_accumulate, args=(2, init, str(out), fold), nprocs=2, join=True)
+        got[fold] = torch.load(out).float()
+    exact = 1.5 + 15 * SMALL  # ((1 + 15 SMALL) + (2 + 15 SMALL)) / 2
+    assert (got[True] - exact).abs().max() <= 2.0**-6  # within a rounding step at 2.0
+    assert torch.equal(got[False], torch.full((4,), 1.5))  # in place: all 15 small ones lost on both

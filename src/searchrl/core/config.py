@@ -316,7 +316,9 @@ class TrainerConfig:
     # float32 master copies (and optimizer moments) of trainable bfloat16 / float16 parameters outside
     # DeepSpeed, which keeps its own (`engine.precision`): stepped in place in bfloat16, an update below half a
     # weight's rounding step is lost (at lr 1e-6, 98% of a 0.5B layer's weights unchanged after 3 steps).
-    # false: the parameters stepped in their own dtype (8 bytes per parameter less with AdamW)
+    # With several micro-batches per update their gradients are summed in float32 too (2 bytes per parameter
+    # more while the update runs). false: the parameters stepped, and gradients summed, in their own dtype
+    # (8 bytes per parameter less with AdamW)
     master_weights: bool = True
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     # asynchronous partial rollouts under a staleness cap (`searchrl.rollout.async_rollout`)

@@ -24,6 +24,7 @@ from searchrl.core.serving import check_failure_rates, service_metrics
 from searchrl.core.types import RolloutBatch, Segment, Trajectory
 from searchrl.engine.balance import balance
 from searchrl.engine.engine import Engine, NonFiniteError
+from searchrl.engine.precision import Float32Gradients
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule
 from searchrl.models.packing import Packed, pack
@@ -49,6 +50,8 @@ class TrainingStep:
     samples: SampleRecorder
     correction: RolloutCorrection | None
     pipeline: Any
+    # float32 sums of the low-precision gradients across an update's micro-batches (with master weights)
+    grads32: Float32Gradients | None
     rows: int
     micro: int
     seed: int
@@ -201,6 +204,8 @@ class TrainingStep:
         # micro-batches of similar lengths waste less compute on padding; the global normalisation makes
         # the loss independent of how sequences are grouped
         batch = batch.select(self._length_order(batch))
+        if self.grads32 is not None:
+            self.grads32.clear()
         for i in range(0, len(batch), self.micro):
             mb = batch.select(slice(i, i + self.micro))
             mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
@@ -215,6 +220,11 @@ class TrainingStep:
                 self.samples.record(mb, logp)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
+                if self.grads32 is not None:  # the last micro-batch's pass gets the sums, rounded once
+                    if eng.sync_gradients:
+                        self.grads32.unfold()
+                    else:
+                        self.grads32.folding = True
                 eng.backward(loss)
                 if eng.sync_gradients:
                     # the norm is global: every process stops here together, never one alone

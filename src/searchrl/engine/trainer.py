@@ -24,7 +24,7 @@ from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.guards import Guards, GuardTrip, Trip
 from searchrl.engine.metrics import MetricsSink
-from searchrl.engine.precision import use_master_weights
+from searchrl.engine.precision import Float32Gradients, use_master_weights
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule, batch_shape, make_optimizer
 from searchrl.engine.step import TrainingStep
@@ -93,6 +93,10 @@ class Trainer(TrainingStep):
         master = use_master_weights(cfg.master_weights, groups, eng.is_deepspeed, eng.print)
         optimizer, scheduler = make_optimizer(cfg, groups, master_weights=master)
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
+        # with master weights, gradients are summed across micro-batches in float32 too
+        self.grads32 = (
+            Float32Gradients([p for g in groups for p in g["params"]]) if master and accum > 1 else None
+        )
         self.temperature = exp.rollout.temperature if req.online else 1.0
         self.ctx = self._context(records)
         self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
