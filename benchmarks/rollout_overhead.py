@@ -89,10 +89,17 @@ def own_plain(model: Any, tok: Any, prompts: list[list[int]], n: int, temperatur
     tokens for every prompt: the loop's own decode speed without the environment."""
     gen = HFGenerator(model, tok, (), batch_size=len(prompts), continuous=False)
     gen.eos_ids = set()
-    t = time.perf_counter()
-    out = gen.generate(prompts, SamplingParams(temperature, 1.0, n))
-    assert all(len(g.token_ids) == n for g in out)
-    return time.perf_counter() - t
+    config = model.generation_config  # its end ids join the generator's at each call: none for this one
+    eos = config.eos_token_id
+    config.eos_token_id = None
+    try:
+        t = time.perf_counter()
+        out = gen.generate(prompts, SamplingParams(temperature, 1.0, n))
+        s = time.perf_counter() - t
+    finally:
+        config.eos_token_id = eos
+    assert all(len(g.token_ids) == n for g in out), sorted({len(g.token_ids) for g in out})
+    return s
 
 
 def vllm_plain(gen: Any, prompts: list[list[int]], n: int, temperature: float) -> float:
