@@ -202,7 +202,10 @@ def _accumulate(p: torch.nn.Parameter, grads: list[torch.Tensor]) -> None:
         (p.float() * g).sum().backward()
 
 
-def test_gradients_are_summed_in_float32_and_rounded_once():
+@pytest.mark.parametrize("distributed", [False, True])
+def test_gradients_are_summed_in_float32_and_rounded_once(distributed):
+    """One process: every pass folded, the float32 total rounded once. Under DDP the sums go back before the
+    last pass (which reduces them): rounded, then the last gradient added in bfloat16."""
     from searchrl.engine.precision import Float32Gradients
 
     grads = _micro_grads(16)
@@ -211,20 +214,22 @@ def test_gradients_are_summed_in_float32_and_rounded_once():
     assert torch.equal(plain.grad, torch.ones(4, dtype=torch.bfloat16))  # in place: every small one lost
 
     p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
-    g32 = Float32Gradients([p])
-    seen = []
+    g32 = Float32Gradients([p], distributed=distributed)
     for i, g in enumerate(grads):
-        if i < len(grads) - 1:
-            g32.folding = True
-        else:
-            seen.append((p.grad, g32.sums[p].dtype))  # before the last pass: freed, the sum is float32
-            g32.unfold()
+        last = i == len(grads) - 1
+        g32.before_backward(last)
         (p.float() * g).sum().backward()
-    assert seen == [(None, torch.float32)] and not g32.sums and not g32.folding
-    total32 = sum(grads[:-1], torch.zeros(4))  # float32: 1 + 14 * SMALL
-    expect = (total32.bfloat16().float() + grads[-1]).bfloat16()  # rounded once, then the last pass's add
+        if not last:  # folded: the parameter's own gradient freed, the sum in float32
+            assert p.grad is None and g32.sums[p].dtype == torch.float32
+        g32.after_backward(last)
+    assert not g32.sums and not g32.folding
+    total32 = sum(grads, torch.zeros(4))  # float32: 1 + 15 * SMALL
+    if distributed:
+        expect = ((total32 - grads[-1]).bfloat16().float() + grads[-1]).bfloat16()
+    else:
+        expect = total32.bfloat16()
     assert torch.equal(p.grad, expect) and p.grad.dtype == torch.bfloat16
-    assert (p.grad.float() - (total32 + grads[-1])).abs().max() <= 2.0**-7  # within a rounding step
+    assert (p.grad.float() - total32).abs().max() <= (2.0**-7 if distributed else 2.0**-8)
     assert p.grad[0] > 1.03  # the small gradients count
 
 
@@ -299,21 +304,20 @@ def _ddp_accumulate(rank: int, world: int, init: str, out: str, fold: bool) -> N
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         model = torch.nn.parallel.DistributedDataParallel(_Dot())
-        g32 = Float32Gradients(list(model.parameters())) if fold else None
+        g32 = Float32Gradients(list(model.parameters()), distributed=True) if fold else None
         grads = _micro_grads(16)
         grads[0] = grads[0] * (rank + 1)  # rank 0 starts at 1.0, rank 1 at 2.0
         for i, g in enumerate(grads):
             last = i == len(grads) - 1
             if g32 is not None:
-                if last:
-                    g32.unfold()
-                else:
-                    g32.folding = True
+                g32.before_backward(last)
             if last:
                 model(g).backward()
             else:
                 with model.no_sync():
                     model(g).backward()
+            if g32 is not None:
+                g32.after_backward(last)
         if rank == 0:
             torch.save(model.module.p.grad, out)
     finally:

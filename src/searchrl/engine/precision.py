@@ -116,18 +116,32 @@ class MasterWeights(torch.optim.Optimizer):
 class Float32Gradients:
     """Gradients of the low-precision trainable ``params`` summed across an update's micro-batches in float32.
 
-    While `folding` is on (the micro-batches before the last, whose backward passes do not synchronise), a hook
-    on each parameter moves its gradient into a float32 sum as soon as autograd has accumulated it, one
-    parameter at a time, and frees it. `unfold`, before the last micro-batch's backward pass, hands each sum
-    back as the parameter's gradient, rounded once to its dtype: that pass adds its own gradient, and under DDP
-    reduces the whole over the processes, exactly as with gradients accumulated in place (so no communication
-    is added). Memory: 2 more bytes per parameter than bfloat16 gradients, during the update only."""
+    While `folding` is on, a hook on each parameter moves its gradient into a float32 sum as soon as autograd
+    has accumulated it, one parameter at a time, and frees it; `unfold` hands each sum back as the
+    parameter's gradient, rounded once to its dtype. The trainer calls `before_backward` and `after_backward`
+    around each micro-batch's backward pass. In one process every pass is folded and the total rounded once
+    after the last. Under DDP (``distributed``) the sums go back before the last pass, which adds its own
+    gradient and reduces the whole over the processes exactly as gradients accumulated in place would be (no
+    communication is added; the total is rounded twice). Memory: 2 more bytes per parameter than bfloat16
+    gradients, while the update runs."""
 
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], distributed: bool = False) -> None:
         self.params = [p for p in params if p.requires_grad and p.dtype in LOW]
+        self.distributed = distributed
         self.sums: dict[torch.nn.Parameter, torch.Tensor] = {}
         self.folding = False
         self._handles = [p.register_post_accumulate_grad_hook(self._fold) for p in self.params]
+
+    def before_backward(self, last: bool) -> None:
+        """Before a micro-batch's backward pass; ``last``: the pass that completes the update."""
+        if last and self.distributed:
+            self.unfold()  # DDP reduces what the parameters hold after this pass
+        else:
+            self.folding = True
+
+    def after_backward(self, last: bool) -> None:
+        if last and not self.distributed:
+            self.unfold()
 
     def _fold(self, p: torch.Tensor) -> None:
         if not self.folding or p.grad is None:

@@ -220,12 +220,11 @@ class TrainingStep:
                 self.samples.record(mb, logp)
                 w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
-                if self.grads32 is not None:  # the last micro-batch's pass gets the sums, rounded once
-                    if eng.sync_gradients:
-                        self.grads32.unfold()
-                    else:
-                        self.grads32.folding = True
+                if self.grads32 is not None:
+                    self.grads32.before_backward(last=eng.sync_gradients)
                 eng.backward(loss)
+                if self.grads32 is not None:
+                    self.grads32.after_backward(last=eng.sync_gradients)
                 if eng.sync_gradients:
                     # the norm is global: every process stops here together, never one alone
                     grad_norm = eng.clip_grad_norm(self.policy)
