@@ -97,7 +97,7 @@ def run(
         runtime=rt,
         seed=0,
     )
-    times, tokens, waits, stale, worker_rate = [], [], [], [], []
+    times, tokens, waits, stale, worker_rate, searches = [], [], [], [], [], []
     try:
         for s in range(steps):
             t = time.perf_counter()
@@ -107,6 +107,7 @@ def run(
             waits.append(m.get("async/wait_s", m["time/collect_s"]))
             stale.append(m.get("async/staleness_mean", 0.0))
             worker_rate.append(m.get("async/worker_tokens_per_s", 0.0))
+            searches.append(m.get("rollout/searches_per_episode", 0.0))
     finally:
         if tr.pipeline is not None:
             tr.pipeline.close()
@@ -122,6 +123,8 @@ def run(
         # the worker's generated tokens per second of its own busy time (decode + environment), over the run
         "worker_tokens_per_s": worker_rate[-1] if staleness else None,
         "tokens_per_episode": sum(n) / (len(n) * questions * group),
+        # retrieval calls per episode: the latency applies to these only (a random-weight model makes none)
+        "searches_per_episode": statistics.mean(searches[1:]),
         "steps_timed": len(t),
     }
 

@@ -132,6 +132,11 @@ class Float32Gradients:
         self.folding = False
         self._handles = [p.register_post_accumulate_grad_hook(self._fold) for p in self.params]
 
+    @classmethod
+    def of(cls, groups: list[dict[str, Any]], distributed: bool) -> Float32Gradients:
+        """Over the parameters of an optimizer's ``groups``."""
+        return cls([p for g in groups for p in g["params"]], distributed)
+
     def before_backward(self, last: bool) -> None:
         """Before a micro-batch's backward pass; ``last``: the pass that completes the update."""
         if last and self.distributed:

@@ -94,11 +94,7 @@ class Trainer(TrainingStep):
         optimizer, scheduler = make_optimizer(cfg, groups, master_weights=master)
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
         # with master weights, gradients are summed across micro-batches in float32 too
-        self.grads32 = (
-            Float32Gradients([p for g in groups for p in g["params"]], distributed=eng.world_size > 1)
-            if master and accum > 1
-            else None
-        )
+        self.grads32 = Float32Gradients.of(groups, eng.world_size > 1) if master and accum > 1 else None
         self.temperature = exp.rollout.temperature if req.online else 1.0
         self.ctx = self._context(records)
         self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
