@@ -296,3 +296,31 @@ def test_sampler_and_trainer_log_probs_agree_over_the_full_vocabulary(qwen_tok, 
         small_world.examples("train")[:4], env, gen, qwen_tok, SamplingParams(0.7, 1.0, 12), 2, 200
     )
     assert logprob_gap(model, trajs, qwen_tok.pad_token_id, 0.7) <= 1e-4
+
+
+def test_the_stop_check_decodes_only_rows_whose_newest_token_can_end_a_tag(qwen_tok, monkeypatch):
+    """The tags end in ``>``: a row whose newest token holds no ``>`` cannot have just completed one and is
+    not decoded; one whose token does, or an id beyond the tokenizer's (a padded output row), is."""
+    stop = TextStop(qwen_tok, STOPS)
+    assert stop.ends == ">"
+    gt = qwen_tok(">", add_special_tokens=False)["input_ids"][0]
+    word = qwen_tok(" Paris", add_special_tokens=False)["input_ids"][0]
+    head = qwen_tok("<think> a </think><search> b </search", add_special_tokens=False)["input_ids"]
+    calls = []
+    decode = qwen_tok.decode
+    monkeypatch.setattr(qwen_tok, "decode", lambda ids, **kw: calls.append(ids) or decode(ids, **kw))
+    assert not stop([*head, word]) and calls == []  # skipped
+    assert stop([*head, gt]) and len(calls) == 1  # decoded: completes </search>
+    assert not stop([word, len(qwen_tok) + 5]) and len(calls) == 2  # unknown id: decoded
+    read, enders = stop._enders
+    assert read == len(qwen_tok) and gt in enders and word not in enders
+    assert all(">" in decode([i]) for i in list(enders)[:200])
+
+
+def test_tags_ending_outside_ascii_are_checked_at_every_token(qwen_tok):
+    assert TextStop(qwen_tok, ["</search>", "答"]).ends == ""
+    assert TextStop(qwen_tok, ["</search>", "\n"]).ends == ""
+    assert TextStop(qwen_tok, ["</search>", "</answer>"]).ends == ">"
+    stop = TextStop(qwen_tok, ["答"])
+    ids = qwen_tok("问答", add_special_tokens=False)["input_ids"]
+    assert stop(ids)
