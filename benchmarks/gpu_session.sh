@@ -12,6 +12,7 @@
 #   rollout S      rollout_overhead.py at shape S, batch 64 and 256, and a profile of each loop at batch 64
 #   rollout-nocudnn S   the same with cuDNN's attention turned off (--no-cudnn-sdpa)
 #   step           step_time.py: our GRPO step against TRL's GRPOTrainer, 0.5B shape
+#   step-reversed  the same with our turn loop first, then the per-episode loop, then TRL
 #   memory S       a GRPO step's peak GPU memory at shape S (episodes padded to ~1.1k tokens, gpu_smoke
 #                  --pad-actions): LoRA and full, lean log-probs on and off, with
 #                  activation checkpointing (memory-lean: lean only; memory-nockpt: lean, without checkpointing)
@@ -102,6 +103,9 @@ print('GPU libraries imported:', sorted({m.split('.')[0] for m in sys.modules} &
     step)
       run 300 step $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda --dtype bfloat16 \
         --steps 4 --out "$RES" --tag "$GPU-step_time-qwen2.5-0.5b" ;;
+    step-reversed)  # the turn loop first: which of our loops pays for the warm-up
+      run 300 step-reversed $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda \
+        --dtype bfloat16 --steps 4 --order turn episode trl --out "$RES" --tag "$GPU-step_time-reversed-qwen2.5-0.5b" ;;
     memory|memory-lean|memory-nockpt)
       # 2 questions x 8 samples of one turn, each action sampled for 16 tokens and then padded with random ids
       # to 1,024 (gpu_smoke --pad-actions: decoding 1,024 tokens one step at a time took over 2 minutes per

@@ -32,6 +32,9 @@ from searchrl.rollout.loop import rollout
 REPO = Path(__file__).resolve().parents[1]
 
 
+RUNS = {"episode": "ours", "turn": "ours (turn loop)", "trl": "trl"}  # --order's names: the results' keys
+
+
 def sync() -> None:
     """A GPU runs asynchronously: wait for it before reading the clock."""
     if torch.cuda.is_available():
@@ -161,15 +164,24 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu, or cuda (both trainers on the GPU)")
     p.add_argument("--dtype", default="float32", help="model.dtype of both trainers (bfloat16 on a GPU)")
     p.add_argument("--tag", default="step_time", help="results file: <tag>.json")
+    p.add_argument(
+        "--order",
+        nargs="+",
+        choices=list(RUNS),
+        default=list(RUNS),
+        help="which trainers run, in this order (the first pays for warming the device up: on a GPU, "
+        "kernel plans for shapes not seen yet)",
+    )
     a = p.parse_args()
     exp = load_experiment(a.config, [f"model.dtype={a.dtype}"])
     rt = Runtime(exp)
-    torch.manual_seed(0)
-    res = {"ours": ours(exp, rt, a.model, a.steps, a.questions, a.micro)}
-    torch.manual_seed(0)
-    res["ours (turn loop)"] = ours(exp, rt, a.model, a.steps, a.questions, a.micro, loop="turn")
-    torch.manual_seed(0)
-    res["trl"] = trl(exp, rt, a.model, a.steps, a.questions, a.micro, a.device)
+    res = {}
+    for name in a.order:
+        torch.manual_seed(0)
+        if name == "trl":
+            res[RUNS[name]] = trl(exp, rt, a.model, a.steps, a.questions, a.micro, a.device)
+        else:
+            res[RUNS[name]] = ours(exp, rt, a.model, a.steps, a.questions, a.micro, loop=name)
     summary = {k: statistics.mean(v[1:]) if len(v) > 1 else v[0] for k, v in res.items()}
     print(
         f"{a.questions} questions x {exp.algorithm.args['group_size']} samples per step, micro-batch {a.micro}"
@@ -177,8 +189,9 @@ def main() -> None:
     print("| trainer | seconds per step (mean after warm-up) | all steps |\n|---|---|---|")
     for k, v in res.items():
         print(f"| {k} | {summary[k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
-    ratio = summary["ours"] / summary["trl"]
-    print(f"ours / TRL = {ratio:.2f} (target <= 0.5)")
+    ratio = summary["ours"] / summary["trl"] if {"ours", "trl"} <= set(summary) else None
+    if ratio is not None:
+        print(f"ours / TRL = {ratio:.2f} (target <= 0.5)")
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"{a.tag}.json").write_text(
         json.dumps(
@@ -186,6 +199,7 @@ def main() -> None:
                 "steps": res,
                 "mean": summary,
                 "ours_vs_trl": ratio,
+                "order": a.order,
                 "threads": torch.get_num_threads(),
                 "device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
                 "dtype": a.dtype,
