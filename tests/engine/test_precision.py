@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from searchrl.core.config import TrainerConfig
-from searchrl.engine.precision import MasterWeights, with_master_weights
+from searchrl.engine.precision import Float32Gradients, MasterWeights, with_master_weights
 
 from .test_trainer import trainer_for
 
@@ -186,9 +186,8 @@ def test_a_step_in_chunks_equals_one_float32_step(name, monkeypatch):
 
 
 # ---------------------------------------------------------------------- float32 gradient accumulation
-SMALL = (
-    3 * 2.0**-10
-)  # below half of bfloat16's rounding step at 1.0 (2^-8): added to 1.0 in place, it is lost
+# below half of bfloat16's rounding step at 1.0 (2^-8): added to 1.0 in place, it is lost
+SMALL = 3 * 2.0**-10
 
 
 def _micro_grads(n: int) -> list[torch.Tensor]:
@@ -206,8 +205,6 @@ def _accumulate(p: torch.nn.Parameter, grads: list[torch.Tensor]) -> None:
 def test_gradients_are_summed_in_float32_and_rounded_once(distributed):
     """One process: every pass folded, the float32 total rounded once. Under DDP the sums go back before the
     last pass (which reduces them): rounded, then the last gradient added in bfloat16."""
-    from searchrl.engine.precision import Float32Gradients
-
     grads = _micro_grads(16)
     plain = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
     _accumulate(plain, grads)
@@ -234,8 +231,6 @@ def test_gradients_are_summed_in_float32_and_rounded_once(distributed):
 
 
 def test_float32_gradients_leave_other_parameters_and_passes_alone():
-    from searchrl.engine.precision import Float32Gradients
-
     full = torch.nn.Parameter(torch.zeros(4))  # float32 (a LoRA adapter): accumulates as it is
     frozen = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16), requires_grad=False)
     low = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
@@ -256,10 +251,8 @@ def test_float32_gradients_leave_other_parameters_and_passes_alone():
 
 @pytest.mark.parametrize("master", [True, False])
 def test_the_trainer_sums_a_bfloat16_policys_gradients_in_float32(make_exp, master, monkeypatch):
-    """Several micro-batches per update: every low-precision gradient reaches the last micro-batch's pass as
-    a float32 sum (and its own gradient is freed meanwhile); without master weights nothing is folded."""
-    from searchrl.engine.precision import Float32Gradients
-
+    """Several micro-batches per update: every low-precision gradient is summed in float32 over them (its own
+    gradient freed meanwhile), once per update; without master weights nothing is folded."""
     seen: list[dict] = []
     unfold = Float32Gradients.unfold
 
@@ -298,8 +291,6 @@ def _ddp_accumulate(rank: int, world: int, init: str, out: str, fold: bool) -> N
     """One process of `test_float32_sums_go_through_ddps_reduction`: 16 micro-batches under DDP, the
     first 15 without synchronising, as accelerate's accumulation runs them."""
     import torch.distributed as dist
-
-    from searchrl.engine.precision import Float32Gradients
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
