@@ -19,6 +19,15 @@
 #   zero3          DeepSpeed ZeRO-3 on one GPU against one plain process, 1.5B shape, full parameters
 #   async          async_rollout.py: sync against max_staleness 1 and 4, with and without 50 ms retrieval
 #   async-short    async_rollout.py: sync against max_staleness 1, the worker as a thread and as a process
+#   graph-tests    tests/rollout/test_graph_decode_gpu.py: CUDA-graph decode equals the eager batch (float32)
+#   decode S...    issue 53: rollout_overhead.py at shape S, batch 64 and 256, the per-episode loop eager and
+#                  through CUDA graphs (rollout.compile) against transformers' generate; summary merged into
+#                  $RES/decode-gpu.json
+#   step-compiled  step_time.py: ours with rollout.compile + prefix_sharing, ours eager, TRL (0.5B shape)
+#
+# Issue 53's whole GPU part, as one command (within 10 minutes on one GPU):
+#   bash benchmarks/gpu_session.sh --budget 560 env models qwen2.5-0.5b qwen2.5-1.5b graph-tests \
+#     decode qwen2.5-0.5b step-compiled decode qwen2.5-1.5b
 #
 # Packages the machine lacks travel as wheels in .whl/ (see docs/scaling.md, "Running on a lent GPU").
 # Results: JSON and Markdown under $RES (default /tmp/gpu_results), packed into $OUT/results.tgz after
@@ -133,6 +142,17 @@ print('GPU libraries imported:', sorted({m.split('.')[0] for m in sys.modules} &
       run 240 async-short $PY benchmarks/async_rollout.py --model "$(model qwen2.5-0.5b)" --dtype bfloat16 \
         --steps 4 --staleness 0 1 --latency 0 --worker thread process \
         --out "$RES/$GPU-async-worker-qwen2.5-0.5b.json" ;;
+    graph-tests)
+      run 150 graph-tests $PY -m pytest -q -m gpu -p no:cacheprovider tests/rollout/test_graph_decode_gpu.py ;;
+    decode)
+      for s in "${sizes[@]}"; do
+        run 200 "decode $s" $PY benchmarks/rollout_overhead.py --model "$(model "$s")" --device cuda \
+          --dtype bfloat16 --batch 64 256 --loops episode compiled --turns --repeats 2 --profile --out "$RES" \
+          --tag "$GPU-decode-$s" --decode-json "$RES/$GPU-decode.json" --decode-name "$s"
+      done ;;
+    step-compiled)
+      run 200 step-compiled $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda \
+        --dtype bfloat16 --steps 6 --order compiled episode trl --out "$RES" --tag "$GPU-step_time-compiled-qwen2.5-0.5b" ;;
     *) echo "unknown step $step" | tee -a "$LOG" ;;
   esac
 done

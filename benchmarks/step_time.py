@@ -5,7 +5,8 @@
 
 TRL's `rollout_func` drives our HF backend (KV cache kept across turns, stops at tags) in one batched
 generation per turn (`rollout.loop: turn`), as a user's rollout function around batched generation would;
-ours runs with its defaults (the per-episode loop) and, for the breakdown, with the turn loop too. The first
+ours runs with its defaults (the per-episode loop) and, for the breakdown, with the turn loop too, and
+(``--order … compiled``) with ``rollout.compile`` and ``rollout.prefix_sharing``. The first
 step of each is a warm-up and is not counted. Target (issue 19): ours <= 0.5x TRL's time per step.
 """
 
@@ -32,7 +33,9 @@ from searchrl.rollout.loop import rollout
 REPO = Path(__file__).resolve().parents[1]
 
 
-RUNS = {"episode": "ours", "turn": "ours (turn loop)", "trl": "trl"}  # --order's names: the results' keys
+# --order's names: the results' keys (compiled: the per-episode loop through the captured decode step, with
+# prefix sharing: rollout.compile and rollout.prefix_sharing)
+RUNS = {"episode": "ours", "turn": "ours (turn loop)", "trl": "trl", "compiled": "ours (compiled)"}
 
 
 def sync() -> None:
@@ -180,6 +183,11 @@ def main() -> None:
         torch.manual_seed(0)
         if name == "trl":
             res[RUNS[name]] = trl(exp, rt, a.model, a.steps, a.questions, a.micro, a.device)
+        elif name == "compiled":
+            fast = load_experiment(
+                a.config, [f"model.dtype={a.dtype}", "rollout.compile=true", "rollout.prefix_sharing=true"]
+            )
+            res[RUNS[name]] = ours(fast, Runtime(fast), a.model, a.steps, a.questions, a.micro)
         else:
             res[RUNS[name]] = ours(exp, rt, a.model, a.steps, a.questions, a.micro, loop=name)
     summary = {k: statistics.mean(v[1:]) if len(v) > 1 else v[0] for k, v in res.items()}
@@ -192,6 +200,11 @@ def main() -> None:
     ratio = summary["ours"] / summary["trl"] if {"ours", "trl"} <= set(summary) else None
     if ratio is not None:
         print(f"ours / TRL = {ratio:.2f} (target <= 0.5)")
+    compiled = (
+        summary[RUNS["compiled"]] / summary["trl"] if {RUNS["compiled"], "trl"} <= set(summary) else None
+    )
+    if compiled is not None:
+        print(f"ours (compiled) / TRL = {compiled:.2f} (target <= 0.5)")
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"{a.tag}.json").write_text(
         json.dumps(
@@ -199,6 +212,7 @@ def main() -> None:
                 "steps": res,
                 "mean": summary,
                 "ours_vs_trl": ratio,
+                "compiled_vs_trl": compiled,
                 "order": a.order,
                 "threads": torch.get_num_threads(),
                 "device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",

@@ -71,3 +71,21 @@ def eval_teacher(out: Path, *overrides: str) -> None:
     from searchrl.app.cli import main
 
     main(["eval", str(QUICKSTART), "--agent", "teacher", f"output_dir={out}", *overrides])
+
+
+def qwen_model():
+    """A random Qwen2 model (seed 2) with all 151,936 output rows of Qwen2.5's vocabulary, 2 small layers."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(2)
+    cfg = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=[151645, 151643],
+    )
+    return Qwen2ForCausalLM(cfg).eval()

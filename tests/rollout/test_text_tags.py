@@ -277,19 +277,9 @@ def test_adversarial_splits(qwen_tok, pieces, canonical):
 def test_sampler_and_trainer_log_probs_agree_over_the_full_vocabulary(qwen_tok, small_world, world_bm25):
     """A random Qwen2 model with all 151,936 output rows: the KV-cached sampler's log-probs (softmax over the
     whole vocabulary) equal a full forward pass's, through the multi-turn loop."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from ..helpers import qwen_model
 
-    torch.manual_seed(2)
-    cfg = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        eos_token_id=[151645, 151643],
-    )
-    model = Qwen2ForCausalLM(cfg).eval()
+    model = qwen_model()
     env = SearchEnv(world_bm25, template="short", topk=1, max_turns=2)
     gen = HFGenerator(model, qwen_tok, env.tags.stop_strings, batch_size=8)
     trajs, _ = rollout(

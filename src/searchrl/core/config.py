@@ -215,6 +215,13 @@ class RolloutConfig:
     # episode: each episode advances on its own through a continuous batch (an action that ends goes to the
     # environment, its next action joins the batch while others decode); turn: one batched generation per turn
     loop: Literal["episode", "turn"] = "episode"
+    # HF backend: decode through a captured step (one CUDA graph per batch and length bucket on a GPU,
+    # torch.compile on a CPU; rollout/graph_decode.py). Off by default: its GPU figures are in docs/scaling.md.
+    # vLLM captures its own graphs.
+    compile: bool = False
+    # HF backend: equal prompts (a GRPO group's) prefilled once, and the prefix that distinct prompts admitted
+    # together share (system prompt, tool schemas) computed once. vLLM caches prefixes itself.
+    prefix_sharing: bool = False
     # keyword arguments of the backend, e.g. vllm: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2,
     # enable_sleep_mode: true, max_model_len: 8192}
     backend_args: dict[str, Any] = field(default_factory=dict)

@@ -32,7 +32,7 @@ from searchrl.engine.weights import gathered, whole_copy
 from searchrl.models.load import unpartitioned
 from searchrl.models.policy import Reference, load_policy
 from searchrl.models.weights import trainable_names
-from searchrl.rollout.generator import GENERATORS, SamplingParams
+from searchrl.rollout.generator import GENERATORS, SamplingParams, generator_options
 
 if TYPE_CHECKING:
     from searchrl.core.config import Experiment
@@ -168,7 +168,7 @@ class Trainer(TrainingStep):
                 batch_size=exp.rollout.batch_size,
                 model_context=lambda: eng.for_generation(self.policy),
                 continuous=exp.rollout.loop == "episode",
-                **exp.rollout.backend_args,
+                **generator_options(exp.rollout),
             )
             if hasattr(generator, "start") and not self._worker_process():
                 generator.start()  # an engine's memory is taken now; a worker process has its own engine
@@ -243,7 +243,7 @@ class Trainer(TrainingStep):
                     ctx.env.stop_strings,
                     batch_size=exp.rollout.batch_size,
                     continuous=True,
-                    **exp.rollout.backend_args,
+                    **generator_options(exp.rollout),
                 )
         self.pipeline = pipeline = AsyncRollout(
             worker,

@@ -35,24 +35,14 @@ class _Request:
     logits_version: int = 0  # the version whose forward produced the row's current logits
 
 
-class HFStream:
-    """Requests in, finished generations out: ``add`` queues a request, ``step`` decodes one token for every
-    running request (admitting queued requests first, up to the generator's ``batch_size``) and returns the
-    requests that finished at that token.
+class Requests:
+    """What every continuous batch shares: a queue of requests, the slots they run in, counters."""
 
-    Each running request holds a slot of the batch's KV cache (`searchrl.rollout.kv_cache`); a finished one
-    frees its slot, which the next admitted request takes. A free slot still runs through the forward (it
-    attends to its own newest column only, so its values stay finite) until it is taken, or until at most half
-    the slots run and nothing waits, when the running ones are packed to the front."""
-
-    def __init__(self, gen: Any, model: Any, params: SamplingParams) -> None:  # gen: an `HFGenerator`
-        self.gen, self.model, self.params = gen, model, params
+    def __init__(self, gen: Any, model: Any, params: SamplingParams, slots: int = 0) -> None:
+        self.gen, self.model, self.params = gen, model, params  # gen: an `HFGenerator`
         self.queue: deque[_Request] = deque()
-        self.slots: list[_Request | None] = []  # batch row -> request (None: a free slot)
+        self.slots: list[_Request | None] = [None] * slots  # batch row -> request (None: a free slot)
         self.running = 0  # requests in slots
-        self.cache: Any = None  # DynamicCache of SlotLayers over the slots
-        # (slots, L) attention mask, (slots,) last positions, (slots, V) last logits
-        self.mask = self.pos = self.logits = None
         self.forwards = 0  # model calls (prefills and decode steps), for benchmarks
         # the policy version of the weights (asynchronous rollouts change the weights between steps: a
         # token carries the version of the forward whose logits sampled it)
@@ -69,6 +59,23 @@ class HFStream:
 
     def __len__(self) -> int:
         return len(self.queue) + self.running
+
+
+class HFStream(Requests):
+    """Requests in, finished generations out: ``add`` queues a request, ``step`` decodes one token for every
+    running request (admitting queued requests first, up to the generator's ``batch_size``) and returns the
+    requests that finished at that token.
+
+    Each running request holds a slot of the batch's KV cache (`searchrl.rollout.kv_cache`); a finished one
+    frees its slot, which the next admitted request takes. A free slot still runs through the forward (it
+    attends to its own newest column only, so its values stay finite) until it is taken, or until at most half
+    the slots run and nothing waits, when the running ones are packed to the front."""
+
+    def __init__(self, gen: Any, model: Any, params: SamplingParams) -> None:
+        super().__init__(gen, model, params)
+        self.cache: Any = None  # DynamicCache of SlotLayers over the slots
+        # (slots, L) attention mask, (slots,) last positions, (slots, V) last logits
+        self.mask = self.pos = self.logits = None
 
     def step(self) -> list[tuple[Hashable, Generation]]:
         self._admit()

@@ -58,6 +58,18 @@ def split_stops(tokenizer: Any, stop_strings: Sequence[str]) -> tuple[set[int], 
     return ids, texts
 
 
+def generator_options(rollout: Any) -> dict[str, Any]:
+    """The keyword arguments a generator of ``rollout.backend`` is built with from a `RolloutConfig`: its
+    ``backend_args``, and for the HF backend ``compile``, ``prefix_sharing`` (vLLM does both itself) and
+    ``max_total_tokens`` (the captured step's cache columns)."""
+    opts = dict(rollout.backend_args)
+    if rollout.backend == "hf":
+        opts.setdefault("compile", rollout.compile)
+        opts.setdefault("prefix_sharing", rollout.prefix_sharing)
+        opts.setdefault("max_total_tokens", rollout.max_total_tokens)
+    return opts
+
+
 GENERATORS: Registry[Any] = Registry("generator")
 GENERATORS.add_lazy("hf", "searchrl.rollout.hf:HFGenerator")
 GENERATORS.add_lazy("vllm", "searchrl.rollout.vllm:VLLMGenerator")

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -32,8 +33,20 @@ from searchrl.rollout.decoding import (  # noqa: F401  (_draw, _top_p: imported 
 )
 from searchrl.rollout.generator import Generation, SamplingParams, split_stops
 
-if TYPE_CHECKING:
-    from searchrl.rollout.continuous import HFStream
+SHARED_PREFIX_MIN = 32  # tokens a prefix of distinct prompts must have to be computed once (prefix sharing)
+
+
+def _common_prefix(rows: list[list[int]]) -> int:
+    """The length of the longest prefix every row shares, one token short of the shortest row (each row keeps
+    a token of its own to compute: its last logits)."""
+    n = min(len(r) for r in rows) - 1
+    first = rows[0]
+    for r in rows[1:]:
+        i = 0
+        while i < n and r[i] == first[i]:
+            i += 1
+        n = i
+    return max(n, 0)
 
 
 @dataclass
@@ -52,13 +65,29 @@ class HFGenerator:
         model_context: Callable[[], AbstractContextManager[Any]] | None = None,
         reuse_cache: bool = True,
         continuous: bool = True,
+        compile: bool = False,
+        prefix_sharing: bool = False,
+        compile_runner: str | None = None,
+        max_total_tokens: int | None = None,
     ) -> None:
         """``model_context``: entered around generation, yields the module to call (ZeRO-3 gathers there).
         ``reuse_cache``: keep each episode's KV cache between turns (memory: one cache per live episode).
         ``continuous``: the rollout loop advances each episode on its own through `stream` (continuous
-        batching); False: one batched `generate` call per turn."""
+        batching); False: one batched `generate` call per turn.
+        ``compile``: decode through a captured step (`searchrl.rollout.graph_decode`: CUDA graphs on a GPU,
+        ``torch.compile`` on a CPU; ``compile_runner`` picks one: graph, compile, eager), in both loops.
+        ``prefix_sharing``: prompts that are equal are prefilled once, and a prefix that the new prompts of one
+        prefill share (a system prompt, tool schemas) once (`_prefill`). ``max_total_tokens``: an episode's
+        length bound (``rollout.max_total_tokens``), with ``compile`` the static cache's columns from the start."""
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.reuse_cache, self.continuous = reuse_cache, continuous
+        self.compile, self.prefix_sharing = compile, prefix_sharing
+        self.shared_tokens = 0  # prompt tokens not prefilled thanks to prefix sharing (a counter)
+        self._graphs: Any = None
+        if compile:
+            from searchrl.rollout.graph_decode import DecodeGraphs
+
+            self._graphs = DecodeGraphs(compile_runner, max_total_tokens)
         self._saved: dict[Hashable, _Saved] = {}
         self.reused_tokens = 0  # prompt tokens served from a kept cache instead of prefilled (a counter)
         self.model_context = model_context or (lambda: nullcontext(self.model))
@@ -76,6 +105,8 @@ class HFGenerator:
     ) -> list[Generation]:
         if cache_keys is not None and len(cache_keys) != len(prompts):
             raise ValueError(f"{len(cache_keys)} cache keys for {len(prompts)} prompts")
+        if self.compile:  # the captured step serves the turn loop too: every prompt through one stream
+            return self._generate_streamed(prompts, params, cache_keys)
         out: list[Generation] = []
         with self.model_context() as model:
             self.eos_ids |= model_eos_ids(model)
@@ -89,18 +120,41 @@ class HFGenerator:
                 model.train(was_training)
         return out
 
+    def _generate_streamed(
+        self, prompts: list[list[int]], params: SamplingParams, cache_keys: Sequence[Hashable] | None
+    ) -> list[Generation]:
+        """`generate` through a stream: each prompt a request under its cache key (or its index)."""
+        keys: list[Hashable] = list(cache_keys) if cache_keys is not None else list(range(len(prompts)))
+        if len(set(keys)) != len(keys):
+            raise ValueError("cache keys must be distinct")
+        results: dict[Hashable, Generation] = {}
+        with self.stream(params) as s:
+            for k, p in zip(keys, prompts):
+                s.add(k, p)
+            while len(s):
+                results.update(s.step())
+        if cache_keys is None:
+            self.release(keys)
+        return [results[k] for k in keys]
+
     @contextmanager
-    def stream(self, params: SamplingParams, versions: bool = False) -> Iterator[HFStream]:
-        """A continuous batch (`HFStream`) on the model, for the per-episode agent loop. The model context
-        (ZeRO-3's gather) is entered once for the whole stream. Its tokens always carry the stream's
-        ``version`` (``versions`` is for the protocol: recording them costs nothing here)."""
+    def stream(self, params: SamplingParams, versions: bool = False) -> Iterator[Any]:
+        """A continuous batch (`HFStream`, or with ``compile`` a `GraphStream`) on the model, for the
+        per-episode agent loop. The model context (ZeRO-3's gather) is entered once for the whole stream. Its
+        tokens always carry the stream's ``version`` (``versions`` is for the protocol: recording them costs
+        nothing here)."""
         from searchrl.rollout.continuous import HFStream
 
         with self.model_context() as model:
             self.eos_ids |= model_eos_ids(model)
             was_training = model.training
             model.eval()
-            s = HFStream(self, model, params)
+            if self._graphs is not None:
+                from searchrl.rollout.graph_decode import GraphStream
+
+                s: Any = GraphStream(self, model, params, self._graphs)
+            else:
+                s = HFStream(self, model, params)
             try:
                 with torch.no_grad():
                     yield s
@@ -127,6 +181,58 @@ class HFGenerator:
         return out
 
     def _prefill(self, model: Any, prompts: list[list[int]], saved: list[_Saved | None]) -> tuple[Any, ...]:
+        """Forward over what is not cached yet. Returns (output, attention mask, last positions); the output's
+        ``logits`` (rows, 1 or length, vocabulary) and cache are per prompt. With ``prefix_sharing``, equal
+        new prompts (the episodes of one GRPO group) are computed once and their rows copied, and the prefix
+        that at least two distinct new prompts share, if it has ``SHARED_PREFIX_MIN`` tokens or more (a system
+        prompt, tool schemas), is computed once and then read by each of them as a cached prefix."""
+        if not self.prefix_sharing:
+            return self._prefill_rows(model, prompts, saved)
+        first: dict[tuple[int, ...], int] = {}
+        keep: list[int] = []  # the rows computed
+        inv: list[int] = []  # each prompt's row among them
+        for b, (p, s) in enumerate(zip(prompts, saved)):
+            key = tuple(p) if s is None else None
+            if key is not None and key in first:
+                inv.append(first[key])
+                continue
+            if key is not None:
+                first[key] = len(keep)
+            inv.append(len(keep))
+            keep.append(b)
+        rows = [prompts[b] for b in keep]
+        row_saved = [saved[b] for b in keep]
+        if len(rows) > 1 and all(s is None for s in row_saved):
+            n = _common_prefix(rows)
+            if n >= SHARED_PREFIX_MIN:
+                prefix = self._prefix_cache(model, rows[0][:n])
+                row_saved = [prefix] * len(rows)
+                self.shared_tokens += n * (len(rows) - 1)
+        self.shared_tokens += sum(len(prompts[b]) for b in range(len(prompts))) - sum(len(r) for r in rows)
+        out, mask, pos = self._prefill_rows(model, rows, row_saved)
+        if len(keep) == len(prompts):
+            return out, mask, pos
+        idx = torch.tensor(inv, device=mask.device)
+        cache = output_cache(out)
+        cache.batch_select_indices(idx)
+        return SimpleNamespace(logits=out.logits[idx], cache=cache), mask[idx], pos[idx]
+
+    def _prefix_cache(self, model: Any, prefix: list[int]) -> _Saved:
+        """A prefix's keys and values, computed in one row, as a kept cache (`_Saved`) for rows to extend."""
+        device = next(model.parameters()).device
+        ids = torch.tensor([prefix], dtype=torch.long, device=device)
+        out = model(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            position_ids=torch.arange(len(prefix), device=device)[None],
+            use_cache=True,
+            **last_logits_only(model),
+        )
+        return _Saved(list(prefix), [(x.keys[0], x.values[0]) for x in output_cache(out).layers])
+
+    def _prefill_rows(
+        self, model: Any, prompts: list[list[int]], saved: list[_Saved | None]
+    ) -> tuple[Any, ...]:
         """One forward over what is not cached yet. Returns (output, attention mask, last positions)."""
         device = next(model.parameters()).device
         n = [len(s.tokens) if s is not None else 0 for s in saved]
@@ -183,6 +289,13 @@ class HFGenerator:
         if int(keep.sum()) != len(tokens):
             return
         self._saved[key] = _Saved(tokens, [(x.keys[row][:, keep], x.values[row][:, keep]) for x in layers])
+
+    def _save_layers(
+        self, key: Hashable, tokens: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]], n: int
+    ) -> None:
+        """Keep a slot's keys and values (per layer: (heads, columns, dim), its tokens at columns [0, n))."""
+        if n == len(tokens):
+            self._saved[key] = _Saved(tokens, [(k[:, :n].clone(), v[:, :n].clone()) for k, v in layers])
 
     def _generate_batch(
         self, model: Any, prompts: list[list[int]], params: SamplingParams, keys: list[Hashable] | None

@@ -44,7 +44,7 @@ from searchrl.core.types import Trajectory
 from searchrl.data.example import Example
 from searchrl.models.weights import load_into
 from searchrl.rollout.async_rollout import AsyncRollout, _Batch, batch_metrics, worker_metrics
-from searchrl.rollout.generator import SamplingParams
+from searchrl.rollout.generator import SamplingParams, generator_options
 
 
 @dataclass(frozen=True)
@@ -329,7 +329,7 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> _Side:
         env.stop_strings,
         batch_size=exp.rollout.batch_size,
         continuous=True,
-        **exp.rollout.backend_args,
+        **generator_options(exp.rollout),
     )
     engine = hasattr(gen, "start")
     rollout = AsyncRollout(
