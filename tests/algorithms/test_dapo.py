@@ -145,9 +145,9 @@ def test_every_variant_validates_and_a_bad_name_is_refused(make_exp):
 
     for adv in ("grpo", "rloo", "reinforce_baseline", "reinforce_pp", "reinforce_pp_baseline"):
         checked(f"algorithm.advantage={adv}")
-    for loss in ("clip", "gspo_token", "cispo"):
+    for loss in ("clip", "cispo"):
         checked(f"algorithm.policy_loss={loss}")
-    for loss in ("gspo", "gmpo"):
+    for loss in ("gspo", "gspo_token", "gmpo", "sapo"):
         checked(f"algorithm.policy_loss={loss}", "algorithm.loss_agg=seq-mean-token-mean")
     checked("algorithm.dynamic_sampling={enabled: true, max_attempts: 3}", "algorithm.mask_truncated=true")
     checked("algorithm.name=ppo", "algorithm.policy_loss=cispo")

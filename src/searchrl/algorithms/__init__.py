@@ -26,7 +26,7 @@ ADVANTAGES: Registry[Any] = Registry("advantage estimator")
 for _name in ("grpo", "rloo", "reinforce_baseline", "reinforce_pp", "reinforce_pp_baseline"):
     ADVANTAGES.add_lazy(_name, f"searchrl.algorithms.estimators:{_name}")
 POLICY_LOSSES: Registry[Any] = Registry("policy loss")
-for _name in ("clip", "gspo", "gspo_token", "cispo", "gmpo"):
+for _name in ("clip", "gspo", "gspo_token", "cispo", "gmpo", "sapo"):
     POLICY_LOSSES.add_lazy(_name, f"searchrl.algorithms.policy_losses:{_name}")
 
 

@@ -21,10 +21,15 @@ Modes (verl's ``rollout_corr`` definitions, docs/algo/rollout_corr_math.md §3.3
   uses [0.99, 1.01], verl's preset 1.001);
 - ``none``: w = 1; the mismatch metrics are still logged.
 
-``low`` defaults to 1 / ``high``. A rejected token (w = 0) adds nothing to the policy loss but still counts
-in the loss normaliser: the advantages and the value loss are computed on the unchanged mask. (verl instead
-removes rejected tokens from the response mask, so its token mean divides by fewer tokens; the direction of
-every update is the same.)
+``low`` defaults to 1 / ``high``. By default (``rejected: keep``) a rejected token (w = 0) adds nothing to the
+policy loss but still counts in the loss normaliser; the advantages and the value loss are computed on the
+unchanged mask. verl instead removes rejected tokens from the response mask, so its normaliser counts fewer
+tokens. The two differ by more than a scale: with ``loss_agg: token-mean`` every token's gradient is the
+same multiple of verl's (N / N_kept, so the direction is verl's); with ``seq-mean-token-mean`` each sequence
+gets its own factor (its tokens / its kept tokens), so the direction differs (2 of 4 tokens of one row
+rejected: that row's gradient is 0.5× verl's, a row with none rejected 1×). ``rejected: drop`` is verl's:
+rejected tokens leave the normaliser too (the trainer then computes π_old in a no-grad pass of its own, as
+verl does, so that the rejections are known before the update's first micro-batch).
 
 **The KL term to the reference is weighted too** (``weight_kl``, on by default once a mode is set). Every
 estimator of KL(π_θ ‖ π_ref) from sampled tokens (k1, k2, k3) is an expectation over a_t ~ π_θ, but the
@@ -51,6 +56,7 @@ import torch
 
 Mode = Literal["none", "token_tis", "seq_tis", "token_mask", "seq_mask", "geo_mask"]
 MODES: tuple[str, ...] = ("none", "token_tis", "seq_tis", "token_mask", "seq_mask", "geo_mask")
+MASK_MODES: tuple[str, ...] = ("token_mask", "seq_mask", "geo_mask")
 _DEFAULT_HIGH = {"token_mask": 2.0, "seq_mask": 2.0, "geo_mask": 1.01}
 _LOG_CAP = 20.0  # log-ratios held to ±20 before an exp, as the clipped loss does
 
@@ -66,6 +72,8 @@ class RolloutCorrection:
     # the KL term to the reference and its logged estimate weighted by w too (module docstring); false: the
     # policy loss only (verl's token_tis / seq_tis)
     weight_kl: bool = True
+    # rejected tokens of the mask modes: keep (in the loss normaliser, w = 0) or drop (out of it, verl's)
+    rejected: Literal["keep", "drop"] = "keep"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -74,12 +82,24 @@ class RolloutCorrection:
             raise ValueError(
                 f"rollout_correction.clip must be a finite number >= 1 (verl uses 2), got {self.clip}"
             )
+        if self.rejected not in ("keep", "drop"):
+            raise ValueError(f"rollout_correction.rejected must be 'keep' or 'drop', got {self.rejected!r}")
+        if self.rejected == "drop" and self.mode not in MASK_MODES:
+            raise ValueError(
+                f"rollout_correction.rejected: drop applies to the mask modes ({', '.join(MASK_MODES)}), "
+                f"which reject tokens; mode {self.mode!r} rejects none"
+            )
         high, low = self.bounds()
         if not 0.0 < low <= 1.0 <= high or math.isinf(high):
             raise ValueError(
                 f"rollout_correction needs 0 < low <= 1 <= high < inf (a mask keeps ratios in [low, high]), "
                 f"got low {low}, high {high}"
             )
+
+    @property
+    def drops(self) -> bool:
+        """Whether rejected tokens leave the loss normaliser (``rejected: drop``)."""
+        return self.rejected == "drop"
 
     def bounds(self) -> tuple[float, float]:
         """(high, low) of the mask modes with the defaults filled in."""

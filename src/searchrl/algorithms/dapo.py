@@ -4,7 +4,12 @@
   equal has advantage 0 everywhere and only dilutes the batch. Such groups are dropped and fresh questions
   sampled until the step has as many informative groups as it asked for, at most ``max_attempts`` rounds
   of generation (the first included; verl's ``max_num_gen_batches``). If the cap is reached the step trains
-  on the informative groups it found (the rest of the batch is empty rows) and says so.
+  on the informative groups it found (the rest of the batch is empty rows) and says so. A group of one (GRPO
+  with ``advantage: reinforce_pp``, ``group_size: 1``) is always kept, as verl keeps it: its advantage comes
+  from the batch, not the group. ``criterion``: ``reward`` (the default, verl's: the groups' total rewards
+  differ) or ``correct`` (the paper's eq. 11: some but not all answers are correct by exact match), which
+  tells apart groups that shaped rewards (format, length, retrieval) make differ while their answers are all
+  right or all wrong.
 - **Overlong filtering** (§3.4): ``mask_truncated`` takes episodes that ran out of room (finish reason
   "length") out of the loss, so a model is not taught that a cut-off answer is wrong.
 - **Overlong shaping** (§3.4, eq. 13) is a reward: ``{name: overlong, args: {max_tokens, buffer}}``
@@ -17,8 +22,10 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from searchrl.core.aggregate import Mean, Sum, merge
+from searchrl.core.answers import exact_match
 from searchrl.core.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -28,12 +35,17 @@ log = logging.getLogger(__name__)
 class DynamicSampling:
     enabled: bool = False
     max_attempts: int = 4  # rounds of generation per step, the first included
+    # which groups are informative: reward (their total rewards differ; verl's) or correct (some but not all
+    # answers are exact matches; DAPO's eq. 11)
+    criterion: Literal["reward", "correct"] = "reward"
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError(
                 f"max_attempts must be at least 1 (rounds of generation per step), got {self.max_attempts}"
             )
+        if self.criterion not in ("reward", "correct"):
+            raise ValueError(f"criterion must be 'reward' or 'correct', got {self.criterion!r}")
 
 
 def groups(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
@@ -44,8 +56,14 @@ def groups(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
     return list(by.values())
 
 
-def informative(group: Sequence[Trajectory]) -> bool:
-    """Whether a group's rewards differ (a group-relative advantage is nonzero somewhere)."""
+def informative(group: Sequence[Trajectory], criterion: str = "reward") -> bool:
+    """Whether a group is kept: one of one episode always (verl's), else its rewards differ (a group-relative
+    advantage is nonzero somewhere), or with ``correct`` some but not all of its answers are exact matches."""
+    if len(group) == 1:
+        return True
+    if criterion == "correct":
+        correct = sum(exact_match(t.answer or "", t.example.answers) > 0 for t in group)
+        return 0 < correct < len(group)
     return len({t.reward for t in group}) > 1
 
 
@@ -70,7 +88,7 @@ def dynamic_collect(
         reports.append(metrics)
         generated += len(trajs)
         found = groups(trajs)
-        useful = [g for g in found if informative(g)]
+        useful = [g for g in found if informative(g, cfg.criterion)]
         if attempt == 1:
             first_groups, first_equal = len(found), len(found) - len(useful)
         dropped += len(found) - len(useful)

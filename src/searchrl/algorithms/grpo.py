@@ -52,13 +52,17 @@ class GroupPolicyConfig:
     # the advantage estimator (`algorithms.estimators`): grpo (eq. 1), rloo, reinforce_baseline,
     # reinforce_pp (REINFORCE++), reinforce_pp_baseline, or a dotted path to your own
     advantage: str = field(default="grpo", metadata={"registry": "advantages"})
-    # the policy loss (`algorithms.policy_losses`): clip (eq. 1), gspo, gspo_token, cispo, gmpo, or a dotted path
+    # the policy loss (`algorithms.policy_losses`): clip (eq. 1), gspo, gspo_token, cispo, gmpo, sapo, or a dotted path
     policy_loss: str = field(default="clip", metadata={"registry": "policy_losses"})
+    sapo_tau_pos: float = 1.0  # SAPO's gate temperature for positive advantages (TRL's default)
+    sapo_tau_neg: float = 1.05  # … and for the others (TRL's default)
 
     def __post_init__(self) -> None:
         check_clip(self.clip_low, self.clip_high)
         check_stabilisers(self.dual_clip, self.kl_clamp)
-        check_policy_loss(self.policy_loss, self.loss_agg)
+        check_policy_loss(
+            self.policy_loss, self.loss_agg, self.dual_clip, (self.sapo_tau_pos, self.sapo_tau_neg)
+        )
 
 
 @dataclass(frozen=True)

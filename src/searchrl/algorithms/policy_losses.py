@@ -6,13 +6,22 @@ aggregates with ``loss_agg``), with ρ_t = π_θ / π_old from ``cfg.clip_low`` 
 The sampler-trainer correction weight and the KL term are applied outside, the same way for every loss.
 
 The sequence-level losses (gspo, gmpo) are one number per sequence, written on each of its action tokens:
-with ``loss_agg: seq-mean-token-mean`` (which they require) the objective is their papers' mean over
-sequences. Their papers' clip ranges differ from PPO's: GSPO uses ε = 3e-4 / 4e-4 (§5.1), GMPO ε = 0.4 in
-log space (ρ ∈ [e^−0.4, e^0.4]); MiniMax-M1's CISPO bounds only the upper side of the weight.
+with ``loss_agg: seq-mean-token-mean`` (which they require, as do gspo_token and sapo, whose papers and
+anchors average per sequence) the objective is their papers' mean over sequences. Their papers' clip ranges
+differ from PPO's: GSPO uses ε = 3e-4 / 4e-4 (§5.1), GMPO ε = 0.4 in log space (ρ ∈ [e^−0.4, e^0.4]);
+MiniMax-M1's CISPO bounds only the upper side of the weight. ``dual_clip`` bounds the clipped ratio's loss
+only (``clip``), as verl's ``clip_ratio_c``; it is refused with the others.
+
+The log-ratios are the anchors': the token-level losses (clip, cispo, sapo) hold log ρ_t to ±20 before the
+exp, as verl does (below e^20 nothing changes); GSPO and GMPO take the raw token log-ratios, as verl's
+``compute_policy_loss_gspo`` / ``geo_mean`` and TRL's sequence-level ratio do, and GSPO caps only the
+exponent of its sequence ratio at 10 (verl's). tests/algorithms/test_policy_losses_anchors.py checks each
+against code written from verl and TRL.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,7 +33,10 @@ if TYPE_CHECKING:
 
 Metrics = dict[str, torch.Tensor]
 
-SEQUENCE_LEVEL = ("gspo", "gmpo")  # one loss per sequence: need loss_agg seq-mean-token-mean
+SEQUENCE_LEVEL = ("gspo", "gmpo")  # one loss per sequence
+# losses whose objective is the mean over sequences of each one's token mean: need loss_agg seq-mean-token-mean
+SEQUENCE_MEAN = ("gspo", "gspo_token", "gmpo", "sapo")
+SEQ_RATIO_CAP = 10.0  # the cap on GSPO's log sequence ratio (verl's), so exp cannot overflow
 
 
 def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -57,8 +69,8 @@ def gspo(
     """GSPO (Zheng et al. 2025, eq. 5-7): the sequence ratio s_i = exp(1/|y_i| Σ_t log ρ_{i,t}), clipped per
     sequence, ℓ_i = −min(s_i A_i, clip(s_i, 1 − ε_low, 1 + ε_high) A_i). The gradient flows through the
     length-normalised sum: each token gets s_i / |y_i| · ∇log π_θ(y_t)."""
-    lr = log_ratio(logp, old_logp)
-    s = torch.exp(_seq_mean(lr, mask).clamp(max=10.0))  # (B, 1), capped as verl's GSPO
+    lr = logp - old_logp  # raw, as verl's and TRL's: a per-token clamp would change the sequence mean
+    s = torch.exp(_seq_mean(lr, mask).clamp(max=SEQ_RATIO_CAP))  # (B, 1), capped as verl's GSPO
     return _clipped(s, adv, cfg, lr)
 
 
@@ -68,8 +80,8 @@ def gspo_token(
     """GSPO-token (Zheng et al. 2025, eq. 13-14): s_{i,t} = sg[s_i] · π_θ(y_t) / sg[π_θ(y_t)], equal to s_i
     in value, with the token's own gradient, so a token-level advantage A_{i,t} may differ along a sequence.
     With one advantage per sequence its gradient is GSPO's."""
-    lr = log_ratio(logp, old_logp)
-    log_s = (logp - logp.detach() + _seq_mean(lr, mask).detach()).clamp(max=10.0)
+    lr = logp - old_logp
+    log_s = (logp - logp.detach() + _seq_mean(lr, mask).detach()).clamp(max=SEQ_RATIO_CAP)
     return _clipped(torch.exp(log_s), adv, cfg, lr)
 
 
@@ -97,8 +109,10 @@ def gmpo(
 
         ℓ_i = −A_i · exp(1/|y_i| Σ_t sgn(A_i) · min(sgn(A_i) log ρ_t, sgn(A_i) clip(log ρ_t, −ε_low, ε_high))),
 
-    with A_i the sequence's advantage (the mean of its tokens', as verl's ``geo_mean``)."""
-    lr = log_ratio(logp, old_logp)
+    with A_i the sequence's advantage (the mean of its tokens', as verl's ``geo_mean``). The token log-ratios are
+    not clamped before the bound (verl leaves that clamp commented out). Under a sampler-trainer correction the
+    sequence's weight is the geometric mean of its tokens' (`batch_policy_loss`), as verl's."""
+    lr = logp - old_logp
     a = _seq_mean(adv, mask)  # (B, 1)
     sign = torch.sign(a)
     bounded = sign * torch.minimum(sign * lr, sign * lr.clamp(-cfg.clip_low, cfg.clip_high))
@@ -111,6 +125,32 @@ def gmpo(
     return loss, metrics
 
 
+def sapo(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Any
+) -> tuple[torch.Tensor, Metrics]:
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization"; TRL's ``loss_type: sapo``, verl's
+    ``sapo``): the hard clip replaced by a smooth gate of the token ratio,
+
+        ℓ_t = −f_τ(ρ_t) · A_t,   f_τ(ρ) = σ(τ (ρ − 1)) · 4 / τ,   τ = τ_pos if A_t > 0 else τ_neg,
+
+    whose gradient 4σ'(τ(ρ−1)) ρ ∇log π_θ equals the plain policy gradient at ρ = 1 and fades smoothly as ρ
+    leaves it (faster for negative advantages: τ_neg > τ_pos). ``sapo_tau_pos`` / ``sapo_tau_neg`` default
+    to TRL's 1.0 / 1.05. The log-ratio is held to ±20 as verl does (beyond it σ is saturated either way)."""
+    lr = log_ratio(logp, old_logp)
+    ratio = torch.exp(lr)
+    tau_pos, tau_neg = float(getattr(cfg, "sapo_tau_pos", 1.0)), float(getattr(cfg, "sapo_tau_neg", 1.05))
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    loss = -gate * adv
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": torch.zeros_like(loss),  # nothing is clipped: the gate is smooth
+            "approx_kl": 0.5 * lr.detach() ** 2,
+            "ratio": ratio.detach(),
+        }
+    return loss, metrics
+
+
 def batch_policy_loss(
     cfg: Any, logp: torch.Tensor, mb: RolloutBatch
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -119,19 +159,39 @@ def batch_policy_loss(
     of the decoupled objective (`algorithms.correction`) when there is one (GRPO, SLATE, PPO, StePPO)."""
     from searchrl.algorithms import POLICY_LOSSES
 
-    fn = POLICY_LOSSES.get(getattr(cfg, "policy_loss", "clip"))
+    name = getattr(cfg, "policy_loss", "clip")
+    fn = POLICY_LOSSES.get(name)
     loss, metrics = fn(logp, mb.extras["old_logp"], mb.extras["advantages"], mb.loss_mask, cfg)
     weight = mb.extras.get("is_weight")
     if weight is not None:
-        loss = loss * weight.detach()
+        weight = weight.detach()
+        if (
+            name == "gmpo"
+        ):  # one loss per sequence: the geometric mean of its tokens' weights (verl's geo_mean)
+            weight = torch.exp(_seq_mean(torch.log(weight + 1e-10), mb.loss_mask))
+        loss = loss * weight
     return loss, metrics
 
 
-def check_policy_loss(policy_loss: str, loss_agg: str) -> None:
-    """A sequence-level loss (GSPO, GMPO) is one number per sequence: its paper's objective is the mean over
-    sequences, so the aggregation must be ``seq-mean-token-mean``."""
-    if policy_loss in SEQUENCE_LEVEL and loss_agg != "seq-mean-token-mean":
+def check_policy_loss(
+    policy_loss: str,
+    loss_agg: str,
+    dual_clip: float | None = None,
+    sapo_taus: tuple[float, float] = (1.0, 1.05),
+) -> None:
+    """GSPO, GSPO-token, GMPO and SAPO average per sequence (their papers, verl and TRL), so the aggregation
+    must be ``seq-mean-token-mean``; ``dual_clip`` applies to the clipped ratio (``clip``) alone."""
+    if policy_loss in SEQUENCE_MEAN and loss_agg != "seq-mean-token-mean":
+        what = "a per-sequence objective" if policy_loss in SEQUENCE_LEVEL else "averaged per sequence"
         raise ValueError(
-            f"policy_loss '{policy_loss}' is a per-sequence objective (the mean over sequences); set "
-            f"loss_agg: seq-mean-token-mean (got '{loss_agg}', which would weight each sequence by its length)"
+            f"policy_loss '{policy_loss}' is {what} (the mean over sequences of each one's token mean, as its "
+            f"paper, verl and TRL write it); set loss_agg: seq-mean-token-mean (got '{loss_agg}', which would "
+            "weight each sequence by its length)"
+        )
+    if not all(t > 0 and math.isfinite(t) for t in sapo_taus):
+        raise ValueError(f"sapo_tau_pos and sapo_tau_neg must be positive and finite, got {sapo_taus}")
+    if dual_clip is not None and policy_loss != "clip":
+        raise ValueError(
+            f"dual_clip bounds the clipped ratio's loss (policy_loss: clip) and has no effect on "
+            f"'{policy_loss}'; remove dual_clip (verl's clip_ratio_c is likewise for its vanilla loss only)"
         )

@@ -66,12 +66,16 @@ class PPOConfig:
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     # the policy loss on GAE's advantages (`algorithms.policy_losses`): clip (the papers'), gspo_token, cispo, …
     policy_loss: str = field(default="clip", metadata={"registry": "policy_losses"})
+    sapo_tau_pos: float = 1.0  # SAPO's gate temperature for positive advantages (TRL's default)
+    sapo_tau_neg: float = 1.05  # … and for the others (TRL's default)
 
     def __post_init__(self) -> None:
         check_clip(self.clip_low, self.clip_high)
         check_stabilisers(self.dual_clip, self.kl_clamp)
         check_group_size(self.group_size)
-        check_policy_loss(self.policy_loss, self.loss_agg)
+        check_policy_loss(
+            self.policy_loss, self.loss_agg, self.dual_clip, (self.sapo_tau_pos, self.sapo_tau_neg)
+        )
 
 
 class AdaptiveKL:

@@ -151,6 +151,8 @@ class TrainingStep:
         w, stats = correction_weights(old_logp, batch.sampled_logprobs, batch.loss_mask, corr)
         if corr.mode != "none":
             batch.extras["is_weight"] = w
+        if corr.drops:  # verl's: rejected tokens leave the loss normaliser (`algorithms.correction`)
+            batch.extras["norm_mask"] = batch.loss_mask * (w > 0)
         acc = self._corr_sums
         for k in ("tokens", "k3_kl", "cut_tokens", "cut_seq", "w_sum", "w_sq_sum"):
             acc[k] += float(stats[k].sum())
@@ -197,8 +199,9 @@ class TrainingStep:
     def _update(self, batch: RolloutBatch, sums: dict[str, float]) -> None:
         """One optimizer update over ``batch`` (this process's mini-batch), globally normalised."""
         eng, algo = self.engine, self.algo
-        g_tokens = eng.sum(batch.loss_mask.sum())
-        g_seqs = eng.sum(float((batch.loss_mask.sum(-1) > 0).sum()))
+        norm = batch.extras.get("norm_mask", batch.loss_mask)  # the loss normaliser's tokens
+        g_tokens = eng.sum(norm.sum())
+        g_seqs = eng.sum(float((norm.sum(-1) > 0).sum()))
         norm_len = float(self.ctx.max_total_tokens)
         self.policy.train()
         # micro-batches of similar lengths waste less compute on padding; the global normalisation makes
@@ -218,7 +221,9 @@ class TrainingStep:
                     self._mismatch(mb.extras["old_logp"], mb)
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
                 self.samples.record(mb, logp)
-                w = token_weights(mb.loss_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
+                w = token_weights(
+                    mb.extras.get("norm_mask", mb.loss_mask), algo.loss_agg, g_tokens, g_seqs, norm_len
+                )
                 loss = (loss_tok * w).sum()
                 if self.grads32 is not None:
                     self.grads32.before_backward(last=eng.sync_gradients)
@@ -238,7 +243,11 @@ class TrainingStep:
                 self.scheduler.step()
                 self.optimizer.zero_grad()
             # metrics: global token means; pair metrics (one value per row) are means over the pairs
-            mean_w = w if self.req.rows == "pairs" else mb.loss_mask / max(g_tokens, 1.0)
+            mean_w = (
+                w
+                if self.req.rows == "pairs"
+                else mb.extras.get("norm_mask", mb.loss_mask) / max(g_tokens, 1.0)
+            )
             sums["train/loss"] += float(loss.detach()) / (self.cfg.epochs * self.cfg.mini_batches)
             for k, v in metrics.items():
                 sums[f"train/{k}"] += float((v.detach() * mean_w).sum()) / (

@@ -108,14 +108,10 @@ class Trainer(TrainingStep):
         self.reference = (
             Reference(self.policy, eng, str(model_path), exp.model.dtype) if req.reference else None
         )
-        # π_old from a no-grad pass before the updates, or, when each rollout batch gets one optimizer update
-        # and nothing reads π_old before it, from that update's own forward (the same weights), detached
-        self.old_pass = req.old_logprobs and (
-            req.old_in_prepare or req.value_head or cfg.epochs * cfg.mini_batches > 1
-        )
         # sampler-trainer correction of the online algorithms (None: the algorithm has no sampled log-probs)
         corr = getattr(algo_cfg, "rollout_correction", None)
         self.correction: RolloutCorrection | None = corr if req.online and req.old_logprobs else None
+        self.old_pass = self._old_pass(req, cfg)
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
         self.pipeline: Any = None  # the asynchronous rollout worker (`rollout.async_rollout`), started by run
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
@@ -186,6 +182,15 @@ class Trainer(TrainingStep):
             train_examples=rt.examples("train") if online else [],
             records=records,
             sum_all=eng.sum,
+        )
+
+    def _old_pass(self, req: Any, cfg: TrainerConfig) -> bool:
+        """π_old from a no-grad pass before the updates, or, when each rollout batch gets one optimizer update
+        and nothing reads π_old before it, from that update's own forward (the same weights), detached.
+        ``rejected: drop`` needs every rejection before the update's first micro-batch normalises."""
+        drops = self.correction is not None and self.correction.drops
+        return bool(req.old_logprobs) and (
+            req.old_in_prepare or req.value_head or cfg.epochs * cfg.mini_batches > 1 or drops
         )
 
     def _worker_process(self) -> bool:
