@@ -79,3 +79,23 @@ def test_bad_tool_configs_are_refused(qwen_tok):
     assert t.name == "lookup_capital"
     with pytest.raises(DataError, match="tool names must be unique|each name once"):
         env.set_tools(build_tools([ToolSpec("search"), ToolSpec("search")], env, {}))
+
+
+def test_a_slow_or_failing_call_is_a_message_and_never_poisons_the_session(fixtures):
+    """A call slower than the timeout, a tool that raises and arguments that are not JSON text each come
+    back as an error for that call alone; the calls beside them and after them are answered."""
+    from searchrl.envs.mcp import MCPConnection, _result
+
+    conn = MCPConnection([sys.executable, str(fixtures / "mcp_tools_server.py")], timeout=2.0)
+    try:
+        got = conn.call([("slow", {"seconds": 5.0}), ("echo", {"text": "a"}), ("boom", {})])
+        slow, fine, boom = (_result(r) for r in got)
+        assert slow.error == "tool_error" and fine.text == "a" and fine.error is None
+        assert boom.error == "tool_error" and "boom" in boom.text  # the server words its own error
+        bad = _result(conn.call([("echo", {"text": "x\udfffy"})])[0])
+        assert bad.error == "tool_error" and "not JSON text" in bad.text
+        assert _result(conn.call([("echo", {"text": "after"})])[0]).text == "after"
+    finally:
+        conn.close()
+    ended = conn.call([("echo", {"text": "closed"})])[0]
+    assert isinstance(ended, ConnectionError)

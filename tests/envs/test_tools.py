@@ -133,7 +133,9 @@ def test_invalid_calls_get_a_tool_message_saying_why_and_make_the_turn_invalid(e
     state = env.reset(EX)
     many = "".join(call("search", query=f"q{i}") for i in range(6)) + "<|im_end|>"
     obs, _, info = env.step(state, many, stopped=True)
-    assert info.error == "too_many_calls" and obs.count("<tool_response>") == 6 and len(info.calls) == 4
+    # the 4 calls allowed run; the 2 past the cap share one message saying so
+    assert info.error == "too_many_calls" and obs.count("<tool_response>") == 5 and len(info.calls) == 4
+    assert "2 more tool calls not run: at most 4 per turn" in obs
 
 
 def test_the_answer_is_a_turn_without_tool_calls(env):

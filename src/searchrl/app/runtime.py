@@ -133,6 +133,8 @@ class Runtime:
             on_budget=e.on_budget,
             doc_max_words=e.doc_max_words,
             max_query_chars=e.max_query_chars,
+            max_response_chars=e.tool_response_max_chars,
+            truncate_side=e.tool_response_truncate,
         )
         env.set_tools(build_tools(e.tools, env, self.mcp_connections))
         return env

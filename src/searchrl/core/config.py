@@ -152,6 +152,10 @@ class EnvConfig:
     protocol: Literal["tags", "tools"] = "tags"
     tools: tuple[ToolSpec, ...] = (ToolSpec("search"),)  # protocol tools: what the agent may call
     max_tool_calls: int = 4  # protocol tools: calls one assistant turn may make
+    # protocol tools: each tool response cut to this many characters (verl's max_tool_response_length; null: no
+    # cap), on this side: right keeps the start, left the end, middle both ends
+    tool_response_max_chars: int | None = 8192
+    tool_response_truncate: Literal["right", "left", "middle"] = "right"
     # protocol tools: passed to the chat template, e.g. {enable_thinking: false} for Qwen3
     chat_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -411,6 +415,7 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "max_turns": _AT_LEAST_1,
         "max_query_chars": _AT_LEAST_1,
         "doc_max_words": _AT_LEAST_1,
+        "tool_response_max_chars": _AT_LEAST_1,
     },
     "ModelConfig": {"layers": _AT_LEAST_1},
     "LoraConfig": {"r": _AT_LEAST_1, "alpha": _POSITIVE, "dropout": (lambda v: 0 <= v < 1, "in [0, 1)")},

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -65,20 +66,48 @@ class MCPConnection:
                 while (item := await self._queue.get()) is not None:
                     calls, done = item
                     got = await asyncio.gather(
-                        *(client.call_tool(n, a) for n, a in calls), return_exceptions=True
+                        *(asyncio.wait_for(client.call_tool(n, a), self.timeout) for n, a in calls),
+                        return_exceptions=True,
                     )
-                    done.set_result(got)
+                    if not done.done():
+                        done.set_result(got)
         except BaseException as exc:
             if not self._ready.done():
                 self._ready.set_exception(exc)
             raise
 
     def call(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
-        """The results (``CallToolResult`` or an exception) of these calls, run concurrently."""
+        """The results (``CallToolResult`` or an exception) of these calls, run concurrently. Never raises for
+        a call: a call slower than ``timeout`` (each waits at most that long), arguments that are not JSON
+        text, a server that stopped answering or a session that ended give that call an exception, which the
+        model reads as an error (`_result`); one bad call does not affect the others or later ones."""
+        out: list[Any] = [None] * len(calls)
+        send = []
+        for i, (_, args) in enumerate(calls):
+            try:
+                json.dumps(args, ensure_ascii=False, allow_nan=False).encode("utf-8")
+                send.append(i)
+            except (TypeError, ValueError, RecursionError) as exc:  # never put on the wire: it would break it
+                out[i] = ValueError(f"the arguments are not JSON text: {exc}")
+        if send:
+            for i, r in zip(send, self._send([calls[i] for i in send])):
+                out[i] = r
+        return out
+
+    def _send(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        if self._queue is None or self._main.done():
+            why = self._main.exception() if self._main.done() and not self._main.cancelled() else None
+            return [ConnectionError(f"the session with MCP server {self.name} has ended ({why})")] * len(
+                calls
+            )
         done: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
-        assert self._queue is not None
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (calls, done))
-        return done.result(self.timeout)
+        try:  # each call is bounded by the timeout inside the session; this bounds a stuck session
+            return done.result(self.timeout + 30)
+        except concurrent.futures.TimeoutError:
+            return [
+                TimeoutError(f"MCP server {self.name} did not answer within {self.timeout + 30:.0f} s")
+            ] * len(calls)
 
     def close(self) -> None:
         if self._queue is not None and self._loop.is_running():
@@ -115,7 +144,8 @@ def _field(obj: Any, name: str, v1_name: str) -> Any:
 def _result(r: Any) -> ToolResult:
     """An MCP call's result as the text the model reads (its text blocks joined); errors say so."""
     if isinstance(r, BaseException):
-        return ToolResult(f"Error: the tool call failed: {r}", error="tool_error")
+        why = str(r) or type(r).__name__  # asyncio's TimeoutError has no message
+        return ToolResult(f"Error: the tool call failed: {why}", error="tool_error")
     text = "\n".join(
         getattr(block, "text", "") for block in r.content if getattr(block, "type", "") == "text"
     )

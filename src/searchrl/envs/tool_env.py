@@ -13,6 +13,21 @@ than ``max_tool_calls``) still gets a tool message, saying why, and makes its tu
 ``rollout/invalid_action_rate``). When the turn budget (``env.max_turns`` tool turns) is spent, the last
 tool message says so and the next turn must answer (``on_budget: force_answer``), or the episode ends
 (``end``).
+
+Whatever a policy writes is an observation, never an exception (`searchrl.envs.tools.parse_tool_calls`), in
+time linear in the turn's length:
+
+- a ``<tool_call>`` inside ``<think>…</think>`` is reasoning, not a call: it is not run (as vLLM's reasoning
+  parsers hand tool parsers the content after the reasoning only), and a turn whose calls are all inside its
+  reasoning is its final answer;
+- JSON with a key written twice is refused (``duplicate_key``), not resolved: a second ``"name"`` would
+  silently switch tools;
+- a ``search`` query longer than ``env.max_query_chars`` is refused (``query_too_long``), as in the tag
+  protocol;
+- the calls past ``max_tool_calls`` get one message between them, not one each;
+- each tool response is cut to ``max_response_chars`` (verl's ``max_tool_response_length``) on the side
+  ``truncate_side`` names (``right`` keeps the start, ``left`` the end, ``middle`` both ends), saying how much
+  was cut, and any text that is not valid Unicode (an unpaired surrogate a tool echoed) is replaced.
 """
 
 from __future__ import annotations
@@ -33,7 +48,8 @@ from searchrl.envs.search import SearchEnv
 from searchrl.envs.tags import CHAT_TEMPLATES, ChatTemplate
 from searchrl.envs.tools import CALL_ERRORS, Tool, ToolCall, ToolResult, format_tool_docs, parse_tool_calls
 
-TOOL_ERRORS = (*CALL_ERRORS, "too_many_calls", "tool_call_after_budget", "empty_answer")
+TOOL_ERRORS = (*CALL_ERRORS, "query_too_long", "tool_call_after_budget", "empty_answer")
+TRUNCATE_SIDES = ("right", "left", "middle")
 BUDGET_NOTE = "\nNo tool calls left: give the final answer now."
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -54,9 +70,22 @@ class ToolEnv(SearchEnv):
         on_budget: str = "force_answer",
         doc_max_words: int | None = None,
         max_query_chars: int = 256,
+        max_response_chars: int | None = 8192,
+        truncate_side: str = "right",
     ) -> None:
         """``tools``: default ``search`` over ``retriever``. ``template``: a chat prompt (`CHAT_TEMPLATES`);
-        ``max_turns``: tool turns before the answer is due; ``max_tool_calls``: calls one turn may make."""
+        ``max_turns``: tool turns before the answer is due; ``max_tool_calls``: calls one turn may make;
+        ``max_response_chars`` / ``truncate_side``: each tool response's length cap (None: no cap) and which
+        side of a longer one is cut."""
+        if truncate_side not in TRUNCATE_SIDES:
+            raise DataError(
+                f"truncate_side must be one of {', '.join(TRUNCATE_SIDES)}, got {truncate_side!r}"
+            )
+        if max_response_chars is not None and max_response_chars < 1:
+            raise DataError(
+                f"max_response_chars must be at least 1 (or None: no cap), got {max_response_chars}"
+            )
+        self.max_response_chars, self.truncate_side = max_response_chars, truncate_side
         from searchrl.envs.tools import search_tool
 
         if isinstance(template, str):
@@ -105,12 +134,31 @@ class ToolEnv(SearchEnv):
         return action if at < 0 else action[:at]
 
     def calls(self, action: str) -> list[ToolCall]:
-        """The turn's tool calls, those past ``max_tool_calls`` refused."""
-        calls = parse_tool_calls(self.turn_text(action), self.tools)
-        extra = ToolCall(
-            None, error="too_many_calls", detail=f"at most {self.max_tool_calls} tool calls per turn"
-        )
-        return calls[: self.max_tool_calls] + [extra] * max(0, len(calls) - self.max_tool_calls)
+        """The turn's tool calls outside its reasoning, those past ``max_tool_calls`` refused together, and
+        searches whose query is longer than ``max_query_chars`` refused."""
+        calls = parse_tool_calls(_THINK.sub("", self.turn_text(action)), self.tools, self.max_tool_calls)
+        return [self._query_length(c) for c in calls]
+
+    def _query_length(self, call: ToolCall) -> ToolCall:
+        query = call.arguments.get("query") if call.valid and call.name == "search" else None
+        if isinstance(query, str) and len(query) > self.max_query_chars:
+            detail = f"the query has {len(query)} characters; at most {self.max_query_chars}"
+            return ToolCall(call.name, call.arguments, error="query_too_long", detail=detail)
+        return call
+
+    def cap(self, text: str) -> str:
+        """A tool response as the model reads it: valid Unicode, at most ``max_response_chars`` characters
+        of it kept (the side ``truncate_side`` names is cut), with a note of what was cut."""
+        text = text.encode("utf-8", "replace").decode("utf-8")
+        n = self.max_response_chars
+        if n is None or len(text) <= n:
+            return text
+        note = f" …[{len(text) - n} characters cut] "
+        if self.truncate_side == "right":
+            return text[:n] + note
+        if self.truncate_side == "left":
+            return note + text[-n:]
+        return text[: n - n // 2] + note + text[len(text) - n // 2 :]
 
     def parse(self, action: str, forced: bool = False, stopped: bool = False) -> StepInfo:
         """Classify one assistant turn (without running its calls: see `step_batch`)."""
@@ -192,7 +240,7 @@ class ToolEnv(SearchEnv):
             return "", True, "answer"
         if cut:  # the length cap ended the turn: nothing more will be generated
             return "", True, "eos"
-        texts = [r.text for r in results]
+        texts = [self.cap(r.text) for r in results]
         last = state.n_turns + 1 >= self.max_turns  # this turn used the last of the budget
         if last and self.on_budget == "force_answer":
             texts[-1] += BUDGET_NOTE

@@ -11,9 +11,7 @@ retriever in one batch. Built in: ``search`` (any retriever) and ``open`` (a doc
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +31,15 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "null": (type(None),),
 }
 # why a tool call could not be run (StepInfo.error of its action)
-CALL_ERRORS = ("unclosed_tool_call", "malformed_json", "missing_name", "unknown_tool", "bad_arguments")
+CALL_ERRORS = (
+    "unclosed_tool_call",
+    "malformed_json",
+    "duplicate_key",
+    "missing_name",
+    "unknown_tool",
+    "bad_arguments",
+    "too_many_calls",
+)
 
 
 @dataclass(frozen=True)
@@ -209,35 +215,101 @@ def function_tool(fn: Callable[..., Any], name: str | None = None) -> Tool:
     )
 
 
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
-def parse_tool_calls(text: str, tools: dict[str, Tool]) -> list[ToolCall]:
+def parse_tool_calls(text: str, tools: dict[str, Tool], limit: int | None = None) -> list[ToolCall]:
     """Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block of ``text``, in order, each
     checked against its tool's schema. ``arguments`` may also be a JSON string of an object (some models
-    write it so). A ``<tool_call>`` left open is one more, invalid, call."""
-    calls = [_one_call(body, tools) for body in _BLOCK.findall(text)]
-    if text.count("<tool_call>") > text.count("</tool_call>"):
+    write it so). A ``<tool_call>`` left open is one more, invalid, call. With ``limit``, the blocks past the
+    first ``limit`` are not parsed: one ``too_many_calls`` call stands for all of them (a turn of 1,000 calls
+    reads one message, not 1,000).
+
+    Whatever the model wrote, this returns: malformed, deeply nested or duplicate-keyed JSON, integers past
+    Python's 4,300-digit limit and unpaired surrogates are calls that cannot run, each saying why; the scan
+    finds each block with one forward search for its close, so it is linear in the text's length."""
+    calls: list[ToolCall] = []
+    extra = pos = 0
+    while (start := text.find(OPEN, pos)) >= 0:
+        end = text.find(CLOSE, start + len(OPEN))
+        if end < 0:
+            break
+        if limit is None or len(calls) < limit:
+            calls.append(_one_call(text[start + len(OPEN) : end], tools))
+        else:
+            extra += 1
+        pos = end + len(CLOSE)
+    if extra:
+        calls.append(
+            ToolCall(
+                None,
+                error="too_many_calls",
+                detail=f"{extra} more tool call{'s' if extra > 1 else ''} not run: at most {limit} per turn",
+            )
+        )
+    if text.count(OPEN) > text.count(CLOSE):
         calls.append(ToolCall(None, error="unclosed_tool_call", detail="a <tool_call> was not closed"))
     return calls
 
 
-def _one_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _loads(body: str) -> tuple[Any, ToolCall | None]:
+    """``body`` as JSON, or the call that says why it is not: a duplicate key is refused, not resolved (a
+    second ``"name"`` would silently switch tools), and text must be text (no unpaired surrogate, which no
+    encoder can send on)."""
     try:
-        obj = json.loads(body)
+        obj = json.loads(body, object_pairs_hook=_no_duplicates)
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except _DuplicateKey as exc:
+        detail = f"the key {str(exc)[:80]!r} appears twice in one object; write each key once"
+        return None, ToolCall(None, error="duplicate_key", detail=detail)
     except json.JSONDecodeError as exc:
-        return ToolCall(None, error="malformed_json", detail=f"the tool call is not valid JSON ({exc.msg})")
+        return None, ToolCall(
+            None, error="malformed_json", detail=f"the tool call is not valid JSON ({exc.msg})"
+        )
+    except RecursionError:
+        return None, ToolCall(
+            None, error="malformed_json", detail="the tool call's JSON is nested too deeply"
+        )
+    except UnicodeEncodeError:
+        detail = "the tool call's strings hold an unpaired surrogate (\\ud800-\\udfff), which is not text"
+        return None, ToolCall(None, error="malformed_json", detail=detail)
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        return None, ToolCall(
+            None, error="malformed_json", detail=f"the tool call's JSON cannot be read ({exc})"[:200]
+        )
+    return obj, None
+
+
+def _one_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+    obj, bad = _loads(body)
+    if bad is not None:
+        return bad
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ToolCall(None, error="missing_name", detail='a tool call is {"name": ..., "arguments": {...}}')
     name, args = obj["name"], obj.get("arguments", {})
     if isinstance(args, str):
-        with contextlib.suppress(json.JSONDecodeError):
-            args = json.loads(args)
+        inner, bad = _loads(args)
+        if bad is None:
+            args = inner
     if name not in tools:
-        return ToolCall(name, error="unknown_tool", detail=f"no tool {name!r}; tools: {', '.join(tools)}")
+        shown = name if len(name) <= 80 else name[:80] + "…"
+        return ToolCall(shown, error="unknown_tool", detail=f"no tool {shown!r}; tools: {', '.join(tools)}")
     if not isinstance(args, dict):
         return ToolCall(name, error="bad_arguments", detail="arguments must be a JSON object")
     problem = tools[name].check(args)
     if problem is not None:
-        return ToolCall(name, args, error="bad_arguments", detail=problem)
+        return ToolCall(name, args, error="bad_arguments", detail=problem[:300])
     return ToolCall(name, args)
