@@ -162,6 +162,9 @@ def main() -> None:
     ap.add_argument("--pin", action="store_true")
     ap.add_argument("--dtype", default="float32", help="model.dtype (bfloat16 on a GPU)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async.json"))
+    ap.add_argument(
+        "overrides", nargs="*", help="config overrides KEY=VALUE, e.g. rollout.prefix_sharing=true"
+    )
     args = ap.parse_args()
     if args.pin:
         torch.set_num_threads(1)
@@ -173,7 +176,9 @@ def main() -> None:
             start(self)
 
         async_rollout.AsyncRollout._run = pinned  # type: ignore[method-assign]
-    exp = load_experiment(args.config, [f"model.path={args.model}", f"model.dtype={args.dtype}"])
+    exp = load_experiment(
+        args.config, [f"model.path={args.model}", f"model.dtype={args.dtype}", *args.overrides]
+    )
     rows = []
     for latency in args.latency:
         for k in args.staleness:
@@ -201,6 +206,7 @@ def main() -> None:
         "pinned": args.pin,
         "questions_per_step": args.questions,
         "group_size": args.group,
+        "overrides": args.overrides,
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

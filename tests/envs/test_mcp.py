@@ -99,3 +99,92 @@ def test_a_slow_or_failing_call_is_a_message_and_never_poisons_the_session(fixtu
         conn.close()
     ended = conn.call([("echo", {"text": "closed"})])[0]
     assert isinstance(ended, ConnectionError)
+
+
+def test_stdio_servers_inherit_the_trainers_environment_and_take_env_and_cwd(fixtures, tmp_path, monkeypatch):
+    from searchrl.envs.mcp import MCPConnection, _result
+
+    monkeypatch.setenv("SEARCHRL_FROM_TRAINER", "inherited")
+    argv = [sys.executable, str(fixtures / "mcp_tools_server.py")]
+    conn = MCPConnection(argv, timeout=20, env={"SEARCHRL_EXTRA": "given"}, cwd=str(tmp_path))
+    try:
+        got = conn.call(
+            [("getenv", {"name": "SEARCHRL_FROM_TRAINER"}), ("getenv", {"name": "SEARCHRL_EXTRA"})]
+        )
+        assert [_result(r).text for r in got] == ["inherited", "given"]
+    finally:
+        conn.close()
+    alone = MCPConnection(
+        argv, timeout=20, env={"SEARCHRL_EXTRA": "given", "PATH": "/usr/bin:/bin"}, inherit_env=False
+    )
+    try:
+        assert _result(alone.call([("getenv", {"name": "SEARCHRL_FROM_TRAINER"})])[0]).text == "<unset>"
+    finally:
+        alone.close()
+
+
+def test_an_mcp_servers_file_and_the_documents_of_an_mcp_search(qwen_tok, fixtures, tmp_path):
+    """A Claude-Desktop-style file names the servers; our serve-retriever's results are recorded as the
+    call's documents (what `open`, recall and StepSearch's rewards read), and --max-topk bounds k."""
+    import json
+
+    from searchrl.data.corpus import load_corpus
+
+    cfg = tmp_path / "servers.json"
+    cmd = [str(fixtures / "corpus.jsonl")]
+    cfg.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "library": {
+                        "command": sys.executable,
+                        "args": [
+                            "-m",
+                            "searchrl",
+                            "serve-retriever",
+                            "--mcp",
+                            "stdio",
+                            "--max-topk",
+                            "2",
+                            "--corpus",
+                            *cmd,
+                        ],
+                    },
+                    "other": {"command": sys.executable, "args": [str(fixtures / "mcp_tools_server.py")]},
+                }
+            }
+        )
+    )
+    conns: dict = {}
+    env = ToolEnv(CountingRetriever(), ChatFormat(qwen_tok), template="tools")
+    try:
+        env.set_tools(
+            build_tools([ToolSpec("mcp", {"config": str(cfg), "servers": ["library"]})], env, conns)
+        )
+        assert list(env.tools) == ["search"]
+        props = env.tools["search"].parameters["properties"]
+        assert props["query"]["description"] == "what to search for" and "1 to 2" in props["k"]["description"]
+        doc = load_corpus(fixtures / "corpus.jsonl")[0]
+        state = env.reset(Example(id="q", question="Who?", answers=("x",)))
+        query = " ".join(doc.text.split()[:8])
+        _obs, _, info = env.step(state, f"{call('search', query=query, k=5)}<|im_end|>", stopped=True)
+        assert info.valid and doc.id in info.doc_ids and len(info.doc_ids) == 2  # k held to --max-topk 2
+        assert [d.id for d in state.retrieved[-1]] == list(info.doc_ids)
+    finally:
+        for c in conns.values():
+            c.close()
+    with pytest.raises(ConfigError, match="no such server"):
+        build_tools([ToolSpec("mcp", {"config": str(cfg), "servers": ["nope"]})], env, {})
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not an MCP servers file"):
+        build_tools([ToolSpec("mcp", {"config": str(tmp_path / "bad.json")})], env, {})
+
+
+def test_a_result_of_images_alone_says_so():
+    from types import SimpleNamespace
+
+    from searchrl.envs.mcp import _result
+
+    r = SimpleNamespace(content=[SimpleNamespace(type="image", data="...")], is_error=False)
+    out = _result(r)
+    assert out.error == "non_text_result" and "image" in out.text and "text only" in out.text

@@ -10,8 +10,9 @@ import pytest
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example
 from searchrl.envs.chat_format import ChatFormat
+from searchrl.envs.python_tools import function_tool
 from searchrl.envs.tool_env import BUDGET_NOTE, ToolEnv
-from searchrl.envs.tools import function_tool, open_tool, parse_tool_calls, search_tool
+from searchrl.envs.tools import open_tool, parse_tool_calls, search_tool
 
 DOCS = [
     Doc("d1", "Paris", "Paris is the capital of France. " + "It is large. " * 20),

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from searchrl.data.example import Example
 from searchrl.envs.chat_format import ChatFormat
+from searchrl.envs.python_tools import function_tool
 from searchrl.envs.tool_env import ToolEnv
-from searchrl.envs.tools import function_tool, parse_tool_calls
+from searchrl.envs.tools import parse_tool_calls
 
 from .test_tools import CountingRetriever, call
 

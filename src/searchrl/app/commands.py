@@ -146,12 +146,24 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.mcp is not None:  # stdout is the protocol's channel under stdio: messages go to stderr
         from searchrl.envs.mcp import serve_retriever_mcp
 
+        port = args.port
         if args.mcp == "http":
+            if port == 0:  # the server binds later: take a free port now, so that the one printed is real
+                import socket
+
+                with socket.socket() as probe:
+                    probe.bind((args.host, 0))
+                    port = probe.getsockname()[1]
             print(
-                f"serving {args.retriever} as MCP on http://{args.host}:{args.port}/mcp (Ctrl-C to stop)",
+                f"serving {args.retriever} as MCP on http://{args.host}:{port}/mcp (Ctrl-C to stop; each "
+                f"call is one query of at most --max-topk {args.max_topk} documents, within --timeout "
+                f"{args.timeout:g} s)",
                 file=sys.stderr,
+                flush=True,
             )
-        serve_retriever_mcp(retriever, args.mcp, args.host, args.port)
+        serve_retriever_mcp(
+            retriever, args.mcp, args.host, port, max_topk=args.max_topk, timeout=args.timeout
+        )
         return
     server = make_server(
         retriever,

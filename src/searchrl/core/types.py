@@ -46,6 +46,9 @@ class EnvState:
     # a retrieval the environment made before the first action (the rag design searches with the question):
     # (query, documents); counted as the episode's first search by the metrics
     prefetched: tuple[str, tuple[Doc, ...]] | None = None
+    # the tool protocol's per-episode tool objects (`envs.python_tools.class_tools`), by the tool spec's name
+    tool_objects: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    tool_reward: float | None = None  # their rewards' sum, read when the episode ended
 
     @property
     def answer(self) -> str | None:

@@ -12,12 +12,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import os
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from searchrl.core.errors import DataError, SearchRLError
 from searchrl.core.types import EnvState
+from searchrl.data.corpus import Doc
 from searchrl.envs.tools import Tool, ToolResult, format_tool_docs
 
 
@@ -32,15 +35,28 @@ def _sdk() -> Any:
 class MCPConnection:
     """One session with an MCP server: its tools listed at connect, calls run on the session's loop."""
 
-    def __init__(self, server: str | Sequence[str], timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        server: str | Sequence[str],
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        headers: dict[str, str] | None = None,
+        inherit_env: bool = True,
+    ) -> None:
+        """``server``: a URL (streamable HTTP; ``headers`` sent with every request) or a command line (stdio;
+        run in ``cwd`` with the trainer's environment variables, ``HF_HUB_OFFLINE``, API keys and
+        ``CUDA_VISIBLE_DEVICES`` among them, plus ``env``; ``inherit_env: false`` gives it ``env`` alone)."""
         mcp = _sdk()
+        self.headers = dict(headers or {})
         if isinstance(server, str) and server.startswith(("http://", "https://")):
             self.target: Any = server
         else:
             argv = [server] if isinstance(server, str) else list(server)
             if not argv:
                 raise DataError("an MCP server is a URL or a command line, got an empty command")
-            self.target = mcp.StdioServerParameters(command=argv[0], args=argv[1:])
+            variables = {**(os.environ if inherit_env else {}), **{k: str(v) for k, v in (env or {}).items()}}
+            self.target = mcp.StdioServerParameters(command=argv[0], args=argv[1:], env=variables, cwd=cwd)
         self.name, self.timeout = server if isinstance(server, str) else " ".join(server), timeout
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="searchrl-mcp", daemon=True)
@@ -60,8 +76,13 @@ class MCPConnection:
         """Enter the session, list the tools, then run batches of calls until `close` (in one task, as the
         SDK's context managers require)."""
         self._queue = asyncio.Queue()
+        target = self.target
+        if isinstance(target, str) and self.headers:
+            from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+            target = streamable_http_client(target, http_client=create_mcp_http_client(headers=self.headers))
         try:
-            async with mcp.Client(self.target, read_timeout_seconds=self.timeout) as client:
+            async with mcp.Client(target, read_timeout_seconds=self.timeout) as client:
                 self._ready.set_result(list((await client.list_tools()).tools))
                 while (item := await self._queue.get()) is not None:
                     calls, done = item
@@ -141,39 +162,77 @@ def _field(obj: Any, name: str, v1_name: str) -> Any:
     return value if value is not None else getattr(obj, v1_name, None)
 
 
+_DOC_LINE = re.compile(r"^Doc \d+ \[(?P<id>[^\]\n]*)\]\(Title: (?P<title>[^)\n]*)\) ?(?P<text>.*)$", re.M)
+
+
 def _result(r: Any) -> ToolResult:
-    """An MCP call's result as the text the model reads (its text blocks joined); errors say so."""
+    """An MCP call's result as the text the model reads (its text blocks joined); errors say so. Documents
+    written as the tool protocol shows them (``Doc i [id](Title: t) text``: `serve-retriever --mcp`'s
+    format) are recorded as the call's documents, so ``open``, gold-document recall and StepSearch's rewards
+    see what an MCP search retrieved. A result of images alone says that it cannot be shown."""
     if isinstance(r, BaseException):
         why = str(r) or type(r).__name__  # asyncio's TimeoutError has no message
         return ToolResult(f"Error: the tool call failed: {why}", error="tool_error")
-    text = "\n".join(
-        getattr(block, "text", "") for block in r.content if getattr(block, "type", "") == "text"
-    )
+    blocks = list(r.content or [])
+    text = "\n".join(getattr(b, "text", "") for b in blocks if getattr(b, "type", "") == "text")
     if _field(r, "is_error", "isError"):
         return ToolResult(f"Error: {text}", error="tool_error")
-    return ToolResult(text)
+    if not text and blocks:
+        kinds = sorted({str(getattr(b, "type", "?")) for b in blocks})
+        return ToolResult(
+            f"Error: the tool returned {len(blocks)} block(s) of {', '.join(kinds)} and no text; this "
+            "environment shows text only.",
+            error="non_text_result",
+        )
+    docs = tuple(Doc(m["id"], m["title"], m["text"]) for m in _DOC_LINE.finditer(text))
+    return ToolResult(text, docs)
 
 
 def serve_retriever_mcp(
-    retriever: Any, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, topk: int = 3
+    retriever: Any,
+    transport: str = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    topk: int = 3,
+    max_topk: int = 20,
+    timeout: float = 60.0,
+    max_query_chars: int = 4096,
 ) -> None:
     """Serve ``retriever`` as an MCP server with one tool, ``search(query, k)`` (documents as the tool
-    protocol shows them: ``Doc i [id](Title: t) text``). Blocks until the transport closes."""
+    protocol shows them: ``Doc i [id](Title: t) text``). ``k`` is bounded by ``max_topk``, a query by
+    ``max_query_chars``, a search by ``timeout`` seconds (an error the client reads). Blocks until the
+    transport closes."""
+    from typing import Annotated
+
     from mcp.server.mcpserver import MCPServer
+    from pydantic import Field
 
-    server = MCPServer("searchrl-retriever", instructions="Search a document collection.")
+    import searchrl
 
-    @server.tool()
-    def search(query: str, k: int = topk) -> str:
-        """Search the document collection.
+    server = MCPServer(
+        "searchrl-retriever", instructions="Search a document collection.", version=searchrl.__version__
+    )
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="searchrl-mcp-search")
 
-        Args:
-            query: what to search for
-            k: how many documents to return
-        """
-        [docs] = retriever.search([" ".join(query.split())], max(1, min(int(k), 20)))
+    def search(query, k=topk):  # type: ignore[no-untyped-def]
+        """Search the document collection: the top documents for the query, each with its id and title."""
+        if len(query) > max_query_chars:
+            raise ValueError(f"the query has {len(query)} characters; at most {max_query_chars}")
+        k = max(1, min(int(k), max_topk))
+        job = pool.submit(retriever.search, [" ".join(query.split())], k)
+        try:
+            [docs] = job.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the search took longer than {timeout:g} s") from None
         return format_tool_docs(docs)
 
+    # real objects, not this module's postponed (string) annotations, which the SDK evaluates in its own scope
+    search.__annotations__ = {
+        "query": Annotated[str, Field(description="what to search for")],
+        "k": Annotated[int, Field(description=f"how many documents to return (1 to {max_topk})")],
+        "return": str,
+    }
+    server.tool()(search)
     if transport == "stdio":
         server.run("stdio")
     else:

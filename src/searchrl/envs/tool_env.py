@@ -209,6 +209,8 @@ class ToolEnv(SearchEnv):
                 info = replace(info, doc_ids=tuple(d.id for d in docs))
             obs, done, reason = self._after(state, info, cs, rs, cut)
             self.record(state, action, obs, info, docs, done, reason)
+            if done:
+                self.finished(state)
             state.force_answer = (
                 not done and self.on_budget == "force_answer" and state.n_turns >= self.max_turns
             )
@@ -249,6 +251,12 @@ class ToolEnv(SearchEnv):
         if last and self.on_budget == "end":
             return obs, True, "budget"
         return obs, False, None
+
+    def finished(self, state: EnvState) -> None:
+        """An episode ended: its tool objects are settled (`envs.python_tools.settle`)."""
+        from searchrl.envs.python_tools import settle
+
+        settle(state)
 
     def replay(self, example: Example, actions: list[str], observations: list[str] | None = None) -> EnvState:
         """Rebuild an episode from recorded turns. With ``observations`` no tool runs again."""

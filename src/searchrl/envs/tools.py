@@ -5,8 +5,8 @@ A `Tool` has a name, a description, a JSON schema of its arguments (an OpenAI fu
 by `Tool.schema`) and ``run``, which takes a batch of calls (arguments and the episode that made each) and
 returns one `ToolResult` each: the text the model reads back, and the documents it showed (so that rewards
 and metrics see what a call retrieved). Searches from every episode of an environment step go to the
-retriever in one batch. Built in: ``search`` (any retriever) and ``open`` (a document's full text).
-`function_tool` wraps a user's Python function, its schema read from its signature and docstring.
+retriever in one batch. Built in: ``search`` (any retriever) and ``open`` (a document's full text). The
+tools users bring (functions, ``async def``, stateful classes) are `searchrl.envs.python_tools`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchrl.core.errors import DataError
 from searchrl.core.types import EnvState
 from searchrl.data.corpus import Doc
 
@@ -181,37 +180,6 @@ def open_tool(max_words: int | None = None) -> Tool:
             "required": ["doc_id"],
         },
         run,
-    )
-
-
-def function_tool(fn: Callable[..., Any], name: str | None = None) -> Tool:
-    """A Python function as a tool, called once per call. Its schema comes from its type hints and its
-    Google-style docstring (transformers' ``get_json_schema``, as TRL's ``tools=[...]``: every argument needs
-    a type hint and an ``Args:`` entry). It returns the text the model reads, or ``(text, docs)``."""
-    from transformers.utils import get_json_schema
-
-    try:
-        fn_schema = get_json_schema(fn)["function"]
-    except Exception as exc:
-        raise DataError(
-            f"tool function {getattr(fn, '__qualname__', fn)!r}: cannot read its schema ({exc}); give every "
-            "argument a type hint and describe it under 'Args:' in the docstring"
-        ) from exc
-
-    def run(calls: list[tuple[dict[str, Any], EnvState]]) -> list[ToolResult]:
-        out = []
-        for args, _ in calls:
-            try:
-                value = fn(**args)
-            except Exception as exc:  # the model's call failed: it reads why, the run goes on
-                out.append(ToolResult(f"Error: {type(exc).__name__}: {exc}", error="tool_error"))
-                continue
-            text, docs = value if isinstance(value, tuple) else (value, ())
-            out.append(ToolResult(str(text), tuple(docs)))
-        return out
-
-    return Tool(
-        name or fn_schema["name"], fn_schema.get("description", ""), fn_schema.get("parameters", {}), run
     )
 
 

@@ -148,3 +148,11 @@ def search_r1_structure_ok(response: str, info_tag: str = "information") -> bool
         elif not state.startswith("in_"):  # text is only allowed inside tags
             return False
     return state == "end"
+
+
+def tool_env_reward(traj: Any) -> RewardOutput:
+    """The reward the episode's stateful tools own: the sum of their ``reward(answer)``, read when the episode
+    ended (`searchrl.envs.python_tools`; 0 if none has one)."""
+    state = getattr(traj, "state", None)
+    value = getattr(state, "tool_reward", None)
+    return RewardOutput(score=float(value) if value is not None else 0.0)

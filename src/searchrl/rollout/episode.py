@@ -133,8 +133,13 @@ def record(
 
 
 def finish(trajs: Sequence[Trajectory], stats: RolloutStats, t0: float) -> None:
-    """Count the finished episodes and the time since ``t0``."""
+    """Count the finished episodes and the time since ``t0``; settle the tool objects of episodes that ran
+    out of room (`envs.python_tools.settle`: those that answered or spent their budget were settled then)."""
+    from searchrl.envs.python_tools import settle
+
     for t in trajs:
+        if t.state is not None and t.state.tool_objects:
+            settle(t.state)
         if t.state is not None and t.state.done:
             stats.episodes += 1
             stats.searches += t.state.prefetched is not None  # the rag design's retrieval with the question
