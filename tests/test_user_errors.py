@@ -349,3 +349,33 @@ def test_a_missing_index_directory_is_named(tmp_path, capsys):
         str(tmp_path / "nope"),
         "not found",
     )
+
+
+def test_validate_catches_what_train_would_refuse(tmp_path, capsys):
+    """`validate FILE key=value` takes overrides as `train` does; a missing model or checkpoint directory, a
+    guard whose min is above its max, and `train --resume --force` are refused before anything loads."""
+
+    def invalid(argv, *expected):  # validate reports each file and exits 1
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.startswith("invalid ") and "Traceback" not in err, err
+        assert all(part in err for part in expected), err
+
+    capsys.readouterr()
+    main(["validate", QUICKSTART, "env.topk=2"])
+    assert "ok" in capsys.readouterr().out
+    invalid(["validate", QUICKSTART, "env.topk=0"], "env.topk")
+    invalid(["validate", QUICKSTART, f"model.path={tmp_path}/nope/model"], "model.path", "no such directory")
+    invalid(
+        ["validate", QUICKSTART, "warm_start.checkpoint=runs/never/sft/final"],
+        "warm_start.checkpoint",
+        "run the quickstart first",
+    )
+    invalid(
+        ["validate", QUICKSTART, "trainer.guards={monitors: [{metric: kl, min: 2.0, max: 1.0}]}"],
+        "min 2.0 is above max 1.0",
+    )
+    fails(capsys, ["train", QUICKSTART, "--resume", "--force"], "--resume", "--force")
+    main(["validate", QUICKSTART, "model.path=Qwen/Qwen2.5-7B"])  # a hub id: not checked here

@@ -65,7 +65,7 @@ def _add_train(sub: Any) -> None:
 
 def _add_validate(sub: Any) -> None:
     v = sub.add_parser("validate", help="check experiment files without running them")
-    v.add_argument("files", nargs="+")
+    v.add_argument("files", nargs="+", metavar="FILE [KEY=VALUE]", help="files, then overrides as for train")
     v.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to each file"
     )

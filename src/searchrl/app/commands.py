@@ -34,13 +34,19 @@ def cmd_world(args: argparse.Namespace) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
-    from searchrl.app.experiment import check_arguments, load_experiment
+    from searchrl.app.experiment import check_arguments, check_paths, load_experiment
 
+    # `validate FILE key=value ...` as `train FILE key=value ...`: a word with "=" that is no file is an override
+    files = [f for f in args.files if "=" not in f or Path(f).exists()]
+    overrides = [*args.set, *(f for f in args.files if f not in files)]
+    if not files:
+        raise SearchRLError("validate needs an experiment file: searchrl validate FILE [KEY=VALUE ...]")
     failed = 0
-    for f in args.files:
+    for f in files:
         try:
-            exp = load_experiment(f, args.set)
+            exp = load_experiment(f, overrides)
             check_arguments(exp, f)
+            check_paths(exp, f)
             print(f"ok      {f}")
         except SearchRLError as exc:
             failed += 1
@@ -290,11 +296,16 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from searchrl.app.experiment import check_arguments, load_experiment
+    from searchrl.app.experiment import check_arguments, check_paths, load_experiment
     from searchrl.app.train import train
 
+    if args.resume and args.force:
+        raise SearchRLError(
+            "--resume continues a run from its checkpoints and --force deletes them to start over: pass one"
+        )
     exp = load_experiment(args.config, args.overrides)
     check_arguments(exp, args.config)
+    check_paths(exp, args.config)
     train(exp, resume=args.resume, force=args.force)
 
 

@@ -11,6 +11,7 @@ with a close-match suggestion for typos.
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,36 @@ def check_arguments(exp: Experiment, source: str = "<config>", training: bool = 
         from_dict_checked(SFTConfig, exp.warm_start.args, source, "warm_start.args")
     _check_env_arguments(exp, source)
     _check_reward_arguments(exp, source)
+
+
+def _local_path(path: str) -> bool:
+    """Whether a model reference is a local path rather than a hub id (``org/name``, or a bare name)."""
+    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or Path(path).exists()
+
+
+def check_paths(exp: Experiment, source: str = "<config>") -> None:
+    """The model and checkpoint directories the file names exist (hub ids such as ``Qwen/Qwen2.5-7B`` are
+    not checked: no hub is reached here). `validate` and `train` run it before anything loads."""
+    named = [("model.path", exp.model.path)]
+    if exp.warm_start is not None:
+        named.append(("warm_start.checkpoint", exp.warm_start.checkpoint))
+    for key, path in named:
+        if path is None or not _local_path(str(path)):
+            continue
+        p = Path(str(path)).expanduser()
+        if not p.is_dir():
+            raise ConfigError(
+                "no such directory" if not p.exists() else "is not a directory",
+                file=source,
+                key=key,
+                value=path,
+                hint="a model directory (config.json and weights), as training writes under <run>/<stage>/final"
+                + (
+                    ": run the quickstart first (searchrl train experiments/quickstart.yaml)"
+                    if "runs/" in str(path)
+                    else ""
+                ),
+            )
 
 
 def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:

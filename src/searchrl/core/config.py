@@ -248,6 +248,10 @@ class GuardConfig:
     def __post_init__(self) -> None:
         if self.min is None and self.max is None and self.max_drop is None:
             raise ValueError(f"guard on '{self.metric}' needs a bound: min, max, max_drop or several")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(
+                f"guard on '{self.metric}': min {self.min} is above max {self.max}, so every step would trip it"
+            )
 
 
 @dataclass(frozen=True)
