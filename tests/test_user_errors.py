@@ -379,3 +379,33 @@ def test_validate_catches_what_train_would_refuse(tmp_path, capsys):
     )
     fails(capsys, ["train", QUICKSTART, "--resume", "--force"], "--resume", "--force")
     main(["validate", QUICKSTART, "model.path=Qwen/Qwen2.5-7B"])  # a hub id: not checked here
+
+
+def test_data_files_duplicate_ids_and_byte_order_marks(tmp_path, capsys):
+    """Two questions under one id are refused, naming both records; a UTF-8 byte-order mark (Windows editors
+    write one) is read past, in JSONL and JSON; a negative world size names its key."""
+    import json
+
+    from searchrl.core.errors import DataError
+    from searchrl.data.loaders import load_examples
+
+    rows = [
+        {"id": "a", "question": "Q1?", "golden_answers": ["x"]},
+        {"id": "b", "question": "Q2?", "golden_answers": ["y"]},
+    ]
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text("\n".join(json.dumps(r) for r in [*rows, {**rows[0], "question": "Q3?"}]))
+    with pytest.raises(DataError, match=r"'a' appears twice \(records 1 and 3\)"):
+        load_examples(dup)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + "\n".join(json.dumps(r) for r in rows).encode())
+    assert [e.id for e in load_examples(bom)] == ["a", "b"]
+    bom_json = tmp_path / "bom.json"
+    bom_json.write_bytes(b"\xef\xbb\xbf" + json.dumps(rows).encode())
+    from searchrl.data.example import read_json
+
+    assert read_json(bom_json) == rows
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["validate", QUICKSTART, "data.world.persons=-3"])
+    assert "data.world.persons" in capsys.readouterr().err

@@ -412,7 +412,16 @@ _AT_LEAST_1, _AT_LEAST_0, _POSITIVE = (
 )
 RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "DataConfig": {"limit": _AT_LEAST_1},
-    "WorldConfig": {"phrasings": _AT_LEAST_1},
+    "WorldConfig": {
+        "phrasings": _AT_LEAST_1,
+        **{
+            k: _AT_LEAST_0
+            for k in ("persons", "cities", "countries", "films", "companies", "universities", "bands")
+        },
+        "distractors_per_doc": _AT_LEAST_0,
+        "inverse_mentions": _AT_LEAST_0,
+        "name_pool_factor": (lambda v: v >= 1, "at least 1 (names invented per entity)"),
+    },
     "RetrieverConfig": {"cache": _AT_LEAST_0},
     "EnvConfig": {
         "topk": _AT_LEAST_1,

@@ -53,7 +53,8 @@ class DataError(SearchRLError, ValueError):
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
-    """A UTF-8 text file, or a `DataError` naming it (missing, a directory, not UTF-8)."""
+    """A UTF-8 text file (a byte-order mark, as Windows editors write, is dropped), or a `DataError` naming it
+    (missing, a directory, not UTF-8)."""
     p = Path(path)
     if p.is_dir():
         raise DataError(f"{p}: is a directory, not a {what}")
@@ -61,7 +62,8 @@ def read_text(path: str | Path, what: str = "file") -> str:
         raise DataError(f"{p}: {what} not found")
     raw = p.read_bytes()
     try:
-        return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
+        return text[1:] if text.startswith("\ufeff") else text
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise DataError(

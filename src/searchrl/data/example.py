@@ -116,6 +116,8 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
+                if lineno == 1 and line.startswith("\ufeff"):  # a byte-order mark (Windows editors write one)
+                    line = line[1:]
             except UnicodeDecodeError as exc:
                 raise DataError(
                     f"{p}: not UTF-8 text (line {lineno}, byte {exc.start} of the line: {exc.reason}); "

@@ -268,4 +268,12 @@ def load_examples(
         ) from None
     if not examples:
         raise DataError(f"{path}: no questions")
+    seen: dict[str, int] = {}
+    for i, ex in enumerate(examples, 1):
+        if ex.id in seen:  # predictions are kept by id: two questions under one id could not be told apart
+            raise DataError(
+                f"{path}: question id {ex.id!r} appears twice (records {seen[ex.id]} and {i}); every id must be "
+                "unique"
+            )
+        seen[ex.id] = i
     return examples[:limit] if limit is not None else examples
