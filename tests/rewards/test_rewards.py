@@ -140,3 +140,13 @@ def test_rewards_get_only_the_fields_they_name_and_lazy_resources():
     pipe = RewardPipeline([RewardSpec("em")], resources)
     assert call_reward(needs_docs, t, {"scale": 0.5}, pipe.resources).score == 1.0
     assert call_reward(needs_docs, t, {}, pipe.resources).score == 2.0 and built == [1]  # built once
+
+
+def test_cover_em_rewards_a_gold_answer_inside_the_answer():
+    """R1-Searcher's cover EM: "directed by Ann Lee." covers "Ann Lee" (EM 0); "Ann" covers nothing."""
+    t = episode(["<answer> It was directed by Ann Lee. </answer>"], tags="search_r1")
+    t2 = episode(["<answer> Ann </answer>"], tags="search_r1")
+    RewardPipeline([RewardSpec("cover_em")])([t, t2])
+    assert t.reward == 1.0 and t2.reward == 0.0
+    RewardPipeline([RewardSpec("em")])([t])
+    assert t.reward == 0.0

@@ -156,3 +156,12 @@ def tool_env_reward(traj: Any) -> RewardOutput:
     state = getattr(traj, "state", None)
     value = getattr(state, "tool_reward", None)
     return RewardOutput(score=float(value) if value is not None else 0.0)
+
+
+def cover_em_reward(traj: Any, *, answers: Sequence[str]) -> RewardOutput:
+    """Cover EM (R1-Searcher; FlashRAG's 'acc'): 1 if a normalised gold answer occurs inside the normalised
+    final answer, else 0. Evaluation reports it as ``sub_em``."""
+    from searchrl.core.answers import sub_exact_match
+
+    pred = _final_answer(traj)
+    return RewardOutput(score=sub_exact_match(pred, answers) if pred is not None else 0.0)

@@ -53,6 +53,7 @@ def reward_kind(name: str) -> str:
 
 REWARDS.add_lazy("em", "searchrl.rewards.outcome:em_reward", kind="outcome")
 REWARDS.add_lazy("f1", "searchrl.rewards.outcome:f1_reward", kind="outcome")
+REWARDS.add_lazy("cover_em", "searchrl.rewards.outcome:cover_em_reward", kind="outcome")
 REWARDS.add_lazy("research", "searchrl.rewards.research:research_reward", kind="outcome")
 REWARDS.add_lazy("overlong", "searchrl.rewards.outcome:overlong_reward", kind="outcome")
 REWARDS.add_lazy("tool_env", "searchrl.rewards.outcome:tool_env_reward", kind="outcome")
