@@ -297,7 +297,7 @@ def main() -> None:
         vgen = VLLMGenerator(
             model,
             tok,
-            rt.env().tags.stop_strings,
+            rt.env().stop_strings,
             batch_size=max(args.batch),
             gpu_memory_utilization=0.3,
             dtype="float32",
@@ -312,7 +312,7 @@ def main() -> None:
             return vgen
         key = (batch, loop, id(env))
         if key not in made:  # kept: a compiled loop's graphs are captured once per run
-            made[key] = HFGenerator(model, tok, env.tags.stop_strings, batch_size=batch, **LOOPS[loop])
+            made[key] = HFGenerator(model, tok, env.stop_strings, batch_size=batch, **LOOPS[loop])
         return made[key]
 
     loops = args.loops if vgen is None else [x for x in args.loops if x in ("episode", "turn")]
