@@ -72,6 +72,13 @@ def _add_validate(sub: Any) -> None:
     v.set_defaults(fn=commands.cmd_validate)
 
 
+def _add_config_reference(sub: Any) -> None:
+    c = sub.add_parser(
+        "config-reference", help="print every config key with its type, default, range and help"
+    )
+    c.set_defaults(fn=commands.cmd_config_reference)
+
+
 def _add_build_model(sub: Any) -> None:
     b = sub.add_parser(
         "build-model",
@@ -243,6 +250,7 @@ SUBCOMMANDS = (
     _add_world,
     _add_train,
     _add_validate,
+    _add_config_reference,
     _add_build_model,
     _add_tokenizer,
     _add_index,

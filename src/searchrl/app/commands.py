@@ -55,6 +55,12 @@ def cmd_validate(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def cmd_config_reference(args: argparse.Namespace) -> None:
+    from searchrl.app.config_reference import markdown
+
+    print(markdown())
+
+
 def cmd_build_model(args: argparse.Namespace) -> None:
     from searchrl.app.experiment import load_experiment
     from searchrl.app.runtime import Runtime, tokenizer_texts

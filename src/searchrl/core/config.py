@@ -220,7 +220,7 @@ class RolloutConfig:
     # environment, its next action joins the batch while others decode); turn: one batched generation per turn
     loop: Literal["episode", "turn"] = "episode"
     # HF backend: decode through a captured step (one CUDA graph per batch and length bucket on a GPU,
-    # torch.compile on a CPU; rollout/graph_decode.py). Off by default: its GPU figures are in docs/scaling.md.
+    # torch.compile on a CPU; rollout/graph_decode.py). Off by default: its GPU figures are in docs/decoding.md.
     # vLLM captures its own graphs.
     compile: bool = False
     # HF backend: equal prompts (a GRPO group's) prefilled once, and the prefix that distinct prompts admitted

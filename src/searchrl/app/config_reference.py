@@ -1,0 +1,140 @@
+"""The configuration reference, generated from the schema (`searchrl.core.config`): every key of an
+experiment file with its type, default, range and help text, so that neither is written twice by hand.
+
+The help text is the comment written next to the field in the schema's source (the line before it, or the
+end of its line); ranges come from the schema's checks (`searchrl.core.config.RANGES`). The documentation
+site builds its "Configuration" page from `markdown` (docs/hooks/config_reference.py);
+``searchrl config-reference`` prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import io
+import tokenize
+import typing
+from typing import Any
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """Each field of ``cls`` -> the comment beside it in the source (the lines just before the field, or the
+    end of its own line)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    line_of: dict[int, str] = {}
+    trailing: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            text = tok.string.lstrip("#").strip()
+            if tok.line.strip().startswith("#"):
+                line_of[tok.start[0]] = text
+            else:
+                trailing[tok.start[0]] = text
+    lines = source.splitlines()
+    for i, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            pending.append(line_of.get(i, stripped.lstrip("#").strip()))
+            continue
+        name = stripped.split(":", 1)[0].strip() if ":" in stripped else None
+        if name in names and line.startswith("    ") and not line.startswith("        "):
+            parts = [*pending, trailing.get(i, "")]
+            # a field whose default spans lines: its comment may end one of those lines
+            for j in range(i + 1, min(i + 4, len(lines) + 1)):
+                if j in trailing and lines[j - 1].strip().split(":", 1)[0].strip() not in names:
+                    parts.append(trailing[j])
+                else:
+                    break
+            out[name] = " ".join(p for p in parts if p).strip()
+        if stripped and not stripped.startswith("#"):
+            pending = []
+    return out
+
+
+def _type_name(t: Any) -> str:
+    origin = typing.get_origin(t)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(t))
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " | ".join(_type_name(a) for a in typing.get_args(t))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(t) if a is not Ellipsis)
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    if t is type(None):
+        return "null"
+    return getattr(t, "__name__", str(t))
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "(required)"
+    if dataclasses.is_dataclass(value):
+        return "(section)"
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+    """(key, type, default, range, help) for every field of ``cls`` and of its nested sections."""
+    from searchrl.core.config import RANGES
+
+    hints = typing.get_type_hints(cls)
+    helps = _comments(cls)
+    ranges = RANGES.get(cls.__name__, {})
+    out: list[tuple[str, str, str, str, str]] = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        t = hints.get(f.name, f.type)
+        nested = [a for a in (t, *typing.get_args(t)) if dataclasses.is_dataclass(a)]
+        rng = ranges[f.name][1] if f.name in ranges else ""
+        choices = f.metadata.get("choices") or f.metadata.get("registry")
+        if choices:
+            rng = f"a registered name ({choices})" + (f"; {rng}" if rng else "")
+        out.append((key, _type_name(t), _default(f), rng, helps.get(f.name, "")))
+        if nested and isinstance(nested[0], type) and typing.get_origin(t) is not tuple:
+            out += rows(nested[0], f"{key}.")
+    return out
+
+
+def markdown() -> str:
+    """The reference page: one table per top-level section of an experiment file."""
+    from searchrl.core.config import Experiment
+
+    lines = [
+        "# Configuration reference",
+        "",
+        "Every key of an experiment file, generated from the schema (`src/searchrl/core/config.py`) when this",
+        "site is built: its type, its default, the range the loader checks, and the comment written beside the",
+        "field. Any key can be set on the command line (`searchrl train FILE key=value`); `searchrl validate FILE`",
+        "checks a file without running it. The algorithm's own keys (`algorithm: {name: grpo, ...}`) are its",
+        "`Config` dataclass's, listed on each algorithm's page.",
+        "",
+    ]
+    groups: dict[str, list[tuple[str, str, str, str, str]]] = {"the file itself": []}
+    for row in rows(Experiment):
+        key, default = row[0], row[2]
+        top = key.split(".", 1)[0] if ("." in key or default == "(section)") else "the file itself"
+        groups.setdefault(top, []).append(row)
+    for top, group in groups.items():
+        title = top if top == "the file itself" else f"`{top}`"
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| key | type | default | range | what it is |",
+            "|---|---|---|---|---|",
+        ]
+        for key, kind, default, rng, help_ in group:
+            cells = [f"`{key}`", kind, f"`{default}`", rng, help_]
+            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
