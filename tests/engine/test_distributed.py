@@ -336,3 +336,64 @@ def test_desynchronised_run_fails_within_the_timeout(tmp_path, world_dir, agent_
     )
     assert "out of step" in proc.stderr
     assert elapsed < 180  # start-up, one step and the 10 s timeout; a hang would hit the 600 s limit
+
+
+PREEMPT_PIPELINE = [
+    *(o for o in TINY_PIPELINE if not o.startswith(("warm_start", "trainer.", "eval."))),
+    "warm_start=null",
+    "trainer.steps=3",
+    "trainer.batch_size=4",
+    "trainer.micro_batch_size=4",
+    "trainer.save_every=10",
+    "eval.limit=4",
+]
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_preemption_of_one_process_saves_on_both_and_resumes_exactly(
+    tmp_path, world_dir, agent_model_dir, backend
+):
+    """SIGTERM to one of the 2 training processes mid-step: both finish the step, write one checkpoint
+    together and stop with code 75; `--resume` then gives the metrics of an uninterrupted run."""
+    import json
+
+    import psutil
+
+    config = BACKENDS[backend]
+    env = launch_env(config)
+    over = [f"data.world_dir={world_dir}", f"model.path={agent_model_dir}", *PREEMPT_PIPELINE]
+    launch(quickstart_cmd(config, *over, f"output_dir={tmp_path / 'full'}"), env, tmp_path)
+    out = tmp_path / "cut"
+    cmd = quickstart_cmd(config, *over, f"output_dir={out}")
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 600
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first step"
+            time.sleep(0.2)
+        ranks = [
+            p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("RANK") == "1"
+        ]
+        ranks = [p for p in ranks if "searchrl" in " ".join(p.cmdline())]
+        assert ranks, "no rank-1 training process found"
+        ranks[0].send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "preempted by" in stdout + stderr, (stdout[-2000:], stderr[-4000:])
+    assert "exit code 75" in stdout + stderr
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    stopped = rows[-1]["step"]
+    assert 1 <= stopped < 3 and (out / "checkpoints" / f"step-{stopped:06d}").is_dir()
+    launch([*cmd, "--resume"], env, tmp_path)
+    full = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    cut = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in cut] == [1, 2, 3]
+    for a, b in zip(full, cut):
+        for k in a:
+            if not k.startswith(("time/", "rollout/tokens_per_second", "async/")):
+                assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)

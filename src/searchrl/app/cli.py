@@ -278,10 +278,11 @@ def main(argv: list[str] | None = None) -> None:
     except (SearchRLError, OSError) as exc:  # a user's error (config, data, arguments, files, ports)
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        code = getattr(exc, "exit_code", 2)  # 75: preempted, resume me (engine/preemption.py)
+        print(f"{'error' if code == 2 else 'stopped'}: {exc}", file=sys.stderr)
         if not isinstance(exc, SearchRLError):
             print("(run with --debug for the traceback)", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(code) from None
 
 
 if __name__ == "__main__":

@@ -291,6 +291,9 @@ class SamplesConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     steps: int = 100  # optimizer steps per epoch × mini_batch == rollout batches
+    # on SIGTERM / SIGUSR1 (preemption) the step in progress finishes, a checkpoint is written if it fits in
+    # this many seconds from the signal, and the run exits 75 ("resume me"; engine/preemption.py)
+    preempt_grace_s: float = 60.0
     batch_size: int = 16  # questions (online) or records (SFT) per step, across all processes
     micro_batch_size: int = 8  # sequences per forward/backward on one process
     lr: float = 1.0e-6  # ReSearch Table 4
@@ -441,6 +444,7 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     },
     "TrainerConfig": {
         "steps": _AT_LEAST_1,
+        "preempt_grace_s": _POSITIVE,
         "batch_size": _AT_LEAST_1,
         "micro_batch_size": _AT_LEAST_1,
         "lr": _POSITIVE,

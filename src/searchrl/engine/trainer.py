@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,6 +26,7 @@ from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.guards import Guards, GuardTrip, Trip
 from searchrl.engine.metrics import MetricsSink
 from searchrl.engine.precision import Float32Gradients, use_master_weights
+from searchrl.engine.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule, batch_shape, make_optimizer
 from searchrl.engine.step import TrainingStep
@@ -354,6 +356,8 @@ class Trainer(TrainingStep):
         cfg, eng = self.cfg, self.engine
         guards = Guards(cfg.guards.monitors)
         step = self.start_step
+        preemption = Preemption(cfg.preempt_grace_s)
+        preemption.watch()
         if cfg.guards.on_trip == "rollback" and guards.monitors and step == 0 and self.ckpt.latest() is None:
             # the starting point, so that a trip within the first save_every steps has somewhere to roll back to
             with eng.phase("checkpoint", step):
@@ -384,11 +388,14 @@ class Trainer(TrainingStep):
                     step = self._on_trip(trip, guards)
                     self._restart_pipeline()
                     continue
-                if done % cfg.save_every == 0 or done == cfg.steps:
-                    with eng.phase("checkpoint", step):
-                        self.ckpt.save(done, {"metrics": metrics, "algorithm": self.algo.state_dict()})
+                saved = done % cfg.save_every == 0 or done == cfg.steps
+                if saved:
+                    self._save(done, metrics)
                 step = done
+                if done < cfg.steps and preemption.agreed(eng):
+                    self._preempted(done, metrics, preemption, saved)
         finally:
+            preemption.unwatch()
             if self.pipeline is not None:
                 self.pipeline.close()
                 self.pipeline = None
@@ -399,6 +406,33 @@ class Trainer(TrainingStep):
                 eng.print(f"collapse guards: {len(self._trip_log)} trip(s), see {self.out / 'guards.json'}")
         with eng.phase("final export"):
             return self.ckpt.export_final(self.out / "final")
+
+    def _save(self, done: int, metrics: dict[str, Any]) -> None:
+        """A checkpoint after step ``done``; its duration is kept to judge whether one fits a grace period."""
+        t0 = time.perf_counter()
+        with self.engine.phase("checkpoint", done - 1):
+            self.ckpt.save(done, {"metrics": metrics, "algorithm": self.algo.state_dict()})
+        self._save_s = time.perf_counter() - t0
+
+    def _preempted(self, done: int, metrics: dict[str, Any], preemption: Preemption, saved: bool) -> None:
+        """A preemption signal reached some process: every process saves step ``done`` (unless it was just
+        saved, or the save would not fit in the grace period) and the run stops with `Preempted`."""
+        eng, last, estimate = self.engine, self.ckpt.latest(), getattr(self, "_save_s", 0.0)
+        if not saved and preemption.save_fits(eng, estimate):
+            self._save(done, metrics)
+            saved, last = True, self.ckpt.latest()
+        if saved:
+            what = f"checkpoint {last} written"
+        else:
+            what = (
+                f"no checkpoint written: a save takes about {estimate:.0f} s and {preemption.left_s():.0f} s "
+                f"of trainer.preempt_grace_s were left; the last good one is {last}"
+            )
+        raise Preempted(
+            f"preempted by {preemption.name()} after step {done}: {what}; continue with `searchrl train … "
+            f"--resume` (exit code {EXIT_PREEMPTED})",
+            done if saved else None,
+        )
 
     def _restart_pipeline(self) -> None:
         """After a rollback the episodes sampled ahead came from the discarded weights: the worker restarts

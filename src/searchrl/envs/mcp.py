@@ -204,14 +204,16 @@ def serve_retriever_mcp(
     transport closes."""
     from typing import Annotated
 
+    from importlib.metadata import PackageNotFoundError, version
+
     from mcp.server.mcpserver import MCPServer
     from pydantic import Field
 
-    import searchrl
-
-    server = MCPServer(
-        "searchrl-retriever", instructions="Search a document collection.", version=searchrl.__version__
-    )
+    try:
+        ours = version("searchrl")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        ours = "0+unknown"
+    server = MCPServer("searchrl-retriever", instructions="Search a document collection.", version=ours)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="searchrl-mcp-search")
 
     def search(query, k=topk):  # type: ignore[no-untyped-def]
