@@ -185,3 +185,46 @@ def test_http_retriever_client_errors(status, payload, message, not_in):
         server.shutdown()
         server.server_close()
     assert message in str(e.value) and not_in not in str(e.value), str(e.value)
+
+
+def test_connections_that_never_send_a_whole_request_are_closed(bm25):
+    """Slowloris: 50 connections that open, or send half a request head, and stall are closed after the
+    head timeout, and the server answers a normal request meanwhile and after."""
+    import socket
+
+    from searchrl.core.asgi import Served
+    from searchrl.envs.retrievers.http import make_app
+
+    server = Served(make_app(bm25), "127.0.0.1", 0, head_timeout=0.5).start()
+    try:
+        stalled = []
+        for i in range(50):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            if i % 2:
+                s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")  # half a head, never finished
+            stalled.append(s)
+        status, body = call(f"{server.url}/retrieve", {"queries": ["Paris"], "topk": 1})
+        assert status == 200 and body["result"]
+        time.sleep(1.5)
+        for s in stalled:
+            s.settimeout(5)
+            assert s.recv(100) == b""  # closed by the server
+            s.close()
+        assert call(f"{server.url}/retrieve", {"queries": ["Paris"], "topk": 1})[0] == 200
+        # a kept-alive connection that starts a second request and stalls is closed too
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        body = json.dumps({"queries": ["Paris"], "topk": 1}).encode()
+        s.sendall(
+            b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        first = s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHo")
+        time.sleep(1.5)
+        assert s.recv(100) == b""
+        s.close()
+    finally:
+        server.stop()

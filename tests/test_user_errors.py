@@ -409,3 +409,14 @@ def test_data_files_duplicate_ids_and_byte_order_marks(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["validate", QUICKSTART, "data.world.persons=-3"])
     assert "data.world.persons" in capsys.readouterr().err
+
+
+def test_an_index_directory_that_is_not_an_index_is_named(tmp_path, capsys):
+    empty = tmp_path / "not-an-index"
+    empty.mkdir()
+    fails(
+        capsys,
+        ["serve-retriever", "--index", str(empty), "--port", "0"],
+        str(empty),
+        "not an index directory",
+    )

@@ -161,12 +161,65 @@ def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
+def head_deadline_protocol(timeout: float) -> type:
+    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head within ``timeout``
+    seconds of opening, or of its last response. uvicorn's keep-alive timer starts only after a response and
+    stops at the first byte of the next request, so a connection that never completes a head (slowloris, a
+    half-open socket) stayed open for good: 500 of them held the servers' connection slots for a whole probe."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadline(H11Protocol):  # type: ignore[misc]
+        _deadline: Any = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # a whole request head arrived
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(timeout, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            idle = self.cycle is None or self.cycle.response_complete
+            if idle and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadDeadline
+
+
 class Served:
     """An app on a bound socket: ``run()`` blocks (the CLI); ``start()`` serves from a thread and
-    ``stop()`` ends it (tests, benchmarks). ``url`` is the address it serves."""
+    ``stop()`` ends it (tests, benchmarks). ``url`` is the address it serves. A connection that sends no
+    whole request head within ``head_timeout`` seconds is closed (`head_deadline_protocol`); an idle
+    keep-alive connection after ``timeout_keep_alive``."""
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, timeout_keep_alive: int = 30
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        timeout_keep_alive: int = 30,
+        head_timeout: float = 30.0,
     ) -> None:
         import uvicorn
 
@@ -179,6 +232,7 @@ class Served:
             timeout_keep_alive=timeout_keep_alive,
             lifespan="off",
             ws="none",
+            http=head_deadline_protocol(head_timeout),
         )
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

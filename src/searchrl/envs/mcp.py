@@ -202,9 +202,8 @@ def serve_retriever_mcp(
     protocol shows them: ``Doc i [id](Title: t) text``). ``k`` is bounded by ``max_topk``, a query by
     ``max_query_chars``, a search by ``timeout`` seconds (an error the client reads). Blocks until the
     transport closes."""
-    from typing import Annotated
-
     from importlib.metadata import PackageNotFoundError, version
+    from typing import Annotated
 
     from mcp.server.mcpserver import MCPServer
     from pydantic import Field

@@ -35,6 +35,11 @@ def build_retriever(
         retriever = cls.load(index, **args)
     else:
         if corpus is None:
+            if index is not None:
+                raise DataError(
+                    f"{index}: not an index directory (no index.json); build one with `searchrl index --retriever "
+                    f"{name} --corpus FILE --out {index}`, or pass the corpus"
+                )
             raise DataError(
                 f"retriever '{name}' needs a corpus (or an index directory built by `searchrl index`)"
             )
