@@ -228,3 +228,57 @@ def test_connections_that_never_send_a_whole_request_are_closed(bm25):
         s.close()
     finally:
         server.stop()
+
+
+def test_a_run_outlives_a_retrieval_server_restarted_on_the_same_port(fixtures, tmp_path):
+    """A real `serve-retriever` killed and started again on its port: a search made while it is down waits
+    for it (the client's backoff) and succeeds; one made when it stays down stops with the URL named."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "searchrl",
+        "serve-retriever",
+        "--corpus",
+        str(fixtures / "corpus.jsonl"),
+        "--port",
+        str(port),
+    ]
+
+    def start():
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    return proc
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("serve-retriever did not start")
+
+    client = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=5, retries=6, backoff=0.5)
+    server = start()
+    try:
+        assert client.search(["Paris"], 1)[0]
+        server.kill()
+        server.wait()
+        restarted: list = []
+        timer = threading.Timer(1.5, lambda: restarted.append(start()))
+        timer.start()
+        assert client.search(["Paris"], 1)[0]  # retried through the restart
+        timer.join()
+        server = restarted[0]
+    finally:
+        server.kill()
+        server.wait()
+    gone = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=1, retries=1, backoff=0.1)
+    with pytest.raises(
+        RetrieverUnavailable, match=f"127.0.0.1:{port}/retrieve did not answer after 2 attempts"
+    ):
+        gone.search(["Paris"], 1)

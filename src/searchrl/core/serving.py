@@ -28,6 +28,9 @@ class ServiceError(SearchRLError, ConnectionError):
         self.status = status
 
 
+MAX_BACKOFF_S = 15.0  # the longest wait between two attempts (the doubling stops there)
+
+
 def post_json(
     url: str,
     payload: dict[str, Any],
@@ -68,7 +71,7 @@ def _post(
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, json.JSONDecodeError) as exc:
             last, status = exc, None
         if attempt < retries:
-            time.sleep(backoff * 2**attempt)
+            time.sleep(min(backoff * 2**attempt, MAX_BACKOFF_S))
     what = str(last) if isinstance(last, ServiceError) else f"{type(last).__name__}: {last}"
     raise ServiceError(f"{url} did not answer after {retries + 1} attempts ({what})", status=status)
 

@@ -25,9 +25,12 @@ class HTTPRetriever:
         self,
         url: str = "http://127.0.0.1:8000/retrieve",
         timeout: float = 30.0,
-        retries: int = 3,
+        retries: int = 8,
         backoff: float = 0.5,
     ) -> None:
+        """Connection errors, timeouts and HTTP 5xx are retried ``retries`` times, waiting ``backoff`` s, then
+        twice as long each time up to 15 s: about a minute with the defaults, so a run outlives a retrieval
+        server restarted on the same address; past that the run stops with one message naming the URL."""
         self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
 
