@@ -365,7 +365,9 @@ def test_a_failing_worker_process_stops_the_trainer_with_its_error(make_exp, age
     import shutil
     import signal
 
-    tr = async_trainer(make_exp, agent_model_dir, tmp_path, worker="process", worker_threads=1)
+    tr = async_trainer(
+        make_exp, agent_model_dir, tmp_path, worker="process", worker_threads=1, max_restarts=0
+    )
     moved = tmp_path / "elsewhere"
     tr.model_path = moved  # the worker loads the architecture from here: nothing there
     tr._start_pipeline(0)
@@ -380,3 +382,44 @@ def test_a_failing_worker_process_stops_the_trainer_with_its_error(make_exp, age
     with pytest.raises(RuntimeError, match="exited with code -9"):
         tr.pipeline.take(2)
     tr.pipeline.close()
+
+
+def test_a_killed_worker_process_is_started_again_and_the_run_finishes(make_exp, agent_model_dir, tmp_path):
+    """SIGKILL to the worker process after the first step: a new worker starts from the shared weights, the
+    steps it had in flight are sampled again, and the run finishes with every step trained on its own
+    questions, the staleness cap held and the restart logged."""
+    import os
+    import signal
+
+    from searchrl.rollout.worker_process import ProcessRollout
+
+    tr = async_trainer(
+        make_exp, agent_model_dir, tmp_path, worker="process", worker_threads=1, max_restarts=2
+    )
+    seen: dict = {"killed": False, "questions": {}}
+    take = ProcessRollout.take
+
+    def taking(self, step):
+        trajs, metrics = take(self, step)
+        seen["questions"][step] = sorted(t.example.id for t in trajs)
+        if step == 0 and not seen["killed"]:
+            os.kill(self._proc.pid, signal.SIGKILL)
+            seen["killed"] = True
+        return trajs, metrics
+
+    ProcessRollout.take = taking
+    try:
+        tr.run()
+    finally:
+        ProcessRollout.take = take
+    rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["async/worker_restarts"] == 1.0 and rows[0]["async/worker_restarts"] == 0.0
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    for step, ids in seen["questions"].items():
+        want = sorted(
+            tr.ctx.train_examples[i].id
+            for i in tr.schedule.indices(step)
+            for _ in range(tr.algo.cfg.group_size)
+        )
+        assert ids == want, step

@@ -277,6 +277,9 @@ class AsyncRolloutConfig:
     worker: Literal["thread", "process"] = "thread"
     worker_threads: int | None = None  # torch threads of a worker process; None: torch's default for it
     worker_cpus: tuple[int, ...] = ()  # cores a worker process is pinned to (Linux); empty: the trainer's
+    # a worker process that dies (killed, out of memory, a native crash) is started again this many times,
+    # re-sampling the steps it had in flight, before the run stops (logged: async/worker_restarts)
+    max_restarts: int = 3
 
 
 @dataclass(frozen=True)

@@ -310,7 +310,7 @@ class Trainer(TrainingStep):
             seed=self.seed * 1009 + eng.rank * 101 + step,
         )
         with eng.phase("rollout worker process", step), gathered(eng, self.policy) as weights:
-            self.pipeline = pipeline = ProcessRollout(spec, weights)
+            self.pipeline = pipeline = ProcessRollout(spec, weights, cfg.async_rollout.max_restarts)
 
         def ship(version: int) -> None:
             with gathered(eng, self.policy, shipped) as w:

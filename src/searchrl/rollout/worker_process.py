@@ -73,13 +73,16 @@ class WorkerSpec:
     threads: int | None = None  # torch threads (None: torch's default)
     cpus: tuple[int, ...] = ()  # cores to pin the process to (Linux); empty: the trainer's
     seed: int = 0
+    version: int | None = None  # the weights' optimizer step at the start (a restart's); None: start_step
 
 
 class ProcessRollout:
     """The trainer's side of a rollout worker process: `AsyncRollout`'s interface over two queues and shared
     weight buffers. ``weights``: the policy's whole parameters now (every one, read only inside the call)."""
 
-    def __init__(self, spec: WorkerSpec, weights: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, spec: WorkerSpec, weights: Mapping[str, torch.Tensor], max_restarts: int = 0) -> None:
+        """``max_restarts``: how many times a worker that dies (killed, out of memory, a crash in a native
+        library) is started again (`_restart`) before the run stops with the reasons."""
         if spec.max_staleness < 1:
             raise ValueError(
                 f"max_staleness must be at least 1 for asynchronous rollouts, got {spec.max_staleness}"
@@ -89,8 +92,14 @@ class ProcessRollout:
             raise KeyError(f"the policy has no parameter(s) {missing[:3]}")
         import torch.multiprocessing as mp
 
-        ctx = mp.get_context("spawn")
+        self._ctx = ctx = mp.get_context("spawn")
         self.spec, self.shipped, self.version = spec, list(spec.shipped), spec.start_step
+        self.max_restarts, self.restarts, self._exits = max_restarts, 0, []  # type: ignore[var-annotated]
+        self._next_take = spec.start_step  # the next step the trainer takes
+        self._pending_sync: int | None = None  # a sync sent, not yet acknowledged
+        self._restart_version: int | None = (
+            None  # a restarted worker's weights, counted synced at its "ready"
+        )
         # clones: sharing a tensor moves its storage into shared memory, which must not happen to the trainer's
         self._initial: dict[str, torch.Tensor] | None = _shared({n: w for n, w in weights.items()})
         self._buffers = _shared({n: weights[n] for n in spec.shipped})
@@ -122,8 +131,10 @@ class ProcessRollout:
         with self._cond:
             self._await(lambda: step in self._done, f"step {step}'s episodes")
             batch = self._done.pop(step)
+            self._next_take = step + 1
         metrics = batch_metrics(batch, step, time.perf_counter() - t0)
         out, self._reported_busy = worker_metrics(self.busy_s, self.tokens, self._reported_busy)
+        out["async/worker_restarts"] = float(self.restarts)
         return batch.trajs, {**metrics, **out}
 
     def sync(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
@@ -136,9 +147,12 @@ class ProcessRollout:
             for n, w in weights.items():
                 self._buffers[n].copy_(w)
         _settle(self._buffers.values())
+        with self._cond:
+            self._pending_sync = version
         self._commands.put(("sync", version))
         with self._cond:
             self._await(lambda: self._synced >= version, f"the weights of step {version}")
+            self._pending_sync = None
         self.version = version
 
     def worker_weights(self) -> dict[str, torch.Tensor]:
@@ -174,6 +188,33 @@ class ProcessRollout:
             q.close()
 
     # ------------------------------------------------------------------------------------- internals
+    def _restart(self) -> None:
+        """(Holding ``_cond``.) The worker died: start another on the steps not yet finished (those in flight
+        are sampled again; finished ones already received are kept), from the shared buffers, which hold the
+        weights of the last sync the trainer sent (the buffers hold every trainable parameter; the others
+        are the model directory's). Counted synced once the new worker has loaded them."""
+        first = self._next_take
+        while first in self._done:
+            first += 1
+        version = max(self._synced, self._pending_sync if self._pending_sync is not None else self._synced)
+        spec = _restart_spec(self.spec, min(first, self.spec.end_step), version, self.restarts + 1)
+        self.restarts += 1
+        self._restart_version = version
+        # new queues: the dead process may have held a queue's lock (a pending sync command is not lost:
+        # the new worker starts from the buffers, which already hold its weights)
+        old = (self._commands, self._results)
+        self._commands, self._results = self._ctx.Queue(), self._ctx.Queue()
+        for q in old:
+            q.cancel_join_thread()
+        self._proc = self._ctx.Process(
+            target=serve,
+            args=(spec, dict(self._buffers), self._buffers, self._commands, self._results),
+            name="searchrl-rollout-worker",
+            daemon=True,
+        )
+        self._proc.start()
+        self._cond.notify_all()
+
     def _await(self, ready: Any, what: str) -> None:
         """Wait (holding ``_cond``) until ``ready()``; a failed or vanished worker raises, naming ``what``."""
         while not ready():
@@ -189,9 +230,15 @@ class ProcessRollout:
             except queue.Empty:
                 if not self._proc.is_alive() and not self._closed:
                     with self._cond:
+                        self._exits.append(self._proc.exitcode)
+                        if self._error is None and self.restarts < self.max_restarts:
+                            self._restart()
+                            continue
+                        codes = ", ".join(str(c) for c in self._exits)
                         self._error = self._error or (
-                            f"it exited with code {self._proc.exitcode} (killed, out of memory, or a crash in a "
-                            "native library)"
+                            f"it exited with code {codes} (killed, out of memory, or a crash in a native "
+                            f"library){'' if len(self._exits) == 1 else ' after ' + str(self.restarts) + ' restarts'}"
+                            f" (trainer.async_rollout.max_restarts: {self.max_restarts})"
                         )
                         self._cond.notify_all()
                     return
@@ -205,6 +252,9 @@ class ProcessRollout:
                     self._done[step] = batch
                 elif kind == "ready":
                     self._initial = None  # the worker holds its own copy now
+                    if self._restart_version is not None:  # a restarted worker loaded the buffers' weights
+                        self._synced = max(self._synced, self._restart_version)
+                        self._restart_version = None
                 elif kind == "synced":
                     self._synced = max(self._synced, msg[1])
                 elif kind in ("weights", "sample"):
@@ -212,6 +262,19 @@ class ProcessRollout:
                 elif kind == "error":
                     self._error = msg[1]
                 self._cond.notify_all()
+
+
+def _restart_spec(spec: WorkerSpec, first: int, version: int, restarts: int) -> WorkerSpec:
+    """The spec of a worker started again: the steps from ``first`` on, weights of step ``version``."""
+    from dataclasses import replace
+
+    return replace(
+        spec,
+        start_step=first,
+        indices=spec.indices[first - spec.start_step :],
+        version=version,
+        seed=spec.seed + 7919 * restarts,
+    )
 
 
 def _shared(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -347,6 +410,8 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> _Side:
         end_step=spec.end_step,
         shipped=list(spec.shipped),
     )
+    if spec.version is not None:  # a restarted worker: its weights are a later step's than its first step
+        rollout.version = spec.version
     if engine:
         gen.start()
     return _Side(rollout, model.eval(), gen, engine)
