@@ -379,6 +379,12 @@ def test_validate_catches_what_train_would_refuse(tmp_path, capsys):
     )
     fails(capsys, ["train", QUICKSTART, "--resume", "--force"], "--resume", "--force")
     main(["validate", QUICKSTART, "model.path=Qwen/Qwen2.5-7B"])  # a hub id: not checked here
+    invalid(["validate", QUICKSTART, "data.source=hotpotqa"], "model.path", "synthetic world")
+    invalid(
+        ["validate", QUICKSTART, "data.source=hotpotqa", "model.path=Qwen/Qwen2.5-7B"],
+        "data.test",
+        "none is given",
+    )
 
 
 def test_data_files_duplicate_ids_and_byte_order_marks(tmp_path, capsys):

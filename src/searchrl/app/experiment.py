@@ -101,7 +101,9 @@ def _local_path(path: str) -> bool:
 
 def check_paths(exp: Experiment, source: str = "<config>") -> None:
     """The model and checkpoint directories the file names exist (hub ids such as ``Qwen/Qwen2.5-7B`` are
-    not checked: no hub is reached here). `validate` and `train` run it before anything loads."""
+    not checked: no hub is reached here), and a source other than the synthetic world names its question
+    files and a model. `validate` and `train` run it before anything loads."""
+    _check_data_source(exp, source)
     named = [("model.path", exp.model.path)]
     if exp.warm_start is not None:
         named.append(("warm_start.checkpoint", exp.warm_start.checkpoint))
@@ -122,6 +124,31 @@ def check_paths(exp: Experiment, source: str = "<config>") -> None:
                     else ""
                 ),
             )
+
+
+def _check_data_source(exp: Experiment, source: str) -> None:
+    d = exp.data
+    if d.source == "synthetic":
+        return
+    if exp.model.path is None:
+        raise ConfigError(
+            "the local model is built on the synthetic world's text; with questions of another source give a "
+            "model directory or hub id",
+            file=source,
+            key="model.path",
+            hint=f"data.source is {d.source!r}; e.g. model.path=Qwen/Qwen2.5-3B",
+        )
+    needed = {exp.eval.split} | ({"train"} if exp.algorithm is not None else set())
+    for split in sorted(needed):
+        if getattr(d, split) is None:
+            raise ConfigError(
+                f"data.source {d.source!r} reads its {split} questions from a file, and none is given",
+                file=source,
+                key=f"data.{split}",
+                hint=f"data.{split}=PATH (a {d.source} file)",
+            )
+        if not Path(getattr(d, split)).exists():
+            raise ConfigError("no such file", file=source, key=f"data.{split}", value=getattr(d, split))
 
 
 def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
