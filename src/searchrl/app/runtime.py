@@ -135,6 +135,7 @@ class Runtime:
             max_query_chars=e.max_query_chars,
             max_response_chars=e.tool_response_max_chars,
             truncate_side=e.tool_response_truncate,
+            call_format=e.call_format,
         )
         env.set_tools(build_tools(e.tools, env, self.mcp_connections))
         return env

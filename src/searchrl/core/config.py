@@ -156,6 +156,9 @@ class EnvConfig:
     # cap), on this side: right keeps the start, left the end, middle both ends
     tool_response_max_chars: int | None = 8192
     tool_response_truncate: Literal["right", "left", "middle"] = "right"
+    # protocol tools: how the model writes its calls (envs/call_formats.py): auto (read from the chat template),
+    # hermes (<tool_call> JSON: Qwen2.5, Qwen3), qwen3_coder (<function=…><parameter=…>), llama3_json
+    call_format: Literal["auto", "hermes", "qwen3_coder", "llama3_json"] = "auto"
     # protocol tools: passed to the chat template, e.g. {enable_thinking: false} for Qwen3
     chat_kwargs: dict[str, Any] = field(default_factory=dict)
 

@@ -32,7 +32,6 @@ time linear in the turn's length:
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -46,7 +45,7 @@ from searchrl.data.example import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.tags import CHAT_TEMPLATES, ChatTemplate
-from searchrl.envs.tools import CALL_ERRORS, Tool, ToolCall, ToolResult, format_tool_docs, parse_tool_calls
+from searchrl.envs.tools import CALL_ERRORS, Tool, ToolCall, ToolResult, format_tool_docs
 
 TOOL_ERRORS = (*CALL_ERRORS, "query_too_long", "tool_call_after_budget", "empty_answer")
 TRUNCATE_SIDES = ("right", "left", "middle")
@@ -72,11 +71,22 @@ class ToolEnv(SearchEnv):
         max_query_chars: int = 256,
         max_response_chars: int | None = 8192,
         truncate_side: str = "right",
+        call_format: str = "auto",
     ) -> None:
         """``tools``: default ``search`` over ``retriever``. ``template``: a chat prompt (`CHAT_TEMPLATES`);
         ``max_turns``: tool turns before the answer is due; ``max_tool_calls``: calls one turn may make;
         ``max_response_chars`` / ``truncate_side``: each tool response's length cap (None: no cap) and which
-        side of a longer one is cut."""
+        side of a longer one is cut; ``call_format``: how the model writes its calls (`envs.call_formats`;
+        ``auto``: read from the chat template)."""
+        from searchrl.envs import call_formats
+
+        if call_format == "auto":
+            call_format = call_formats.detect(getattr(chat.tokenizer, "chat_template", None))
+        if call_format not in call_formats.FORMATS:
+            raise DataError(
+                f"call_format must be auto or one of {', '.join(call_formats.FORMATS)}, got {call_format!r}"
+            )
+        self.call_format = call_format
         if truncate_side not in TRUNCATE_SIDES:
             raise DataError(
                 f"truncate_side must be one of {', '.join(TRUNCATE_SIDES)}, got {truncate_side!r}"
@@ -136,8 +146,10 @@ class ToolEnv(SearchEnv):
     def calls(self, action: str) -> list[ToolCall]:
         """The turn's tool calls outside its reasoning, those past ``max_tool_calls`` refused together, and
         searches whose query is longer than ``max_query_chars`` refused."""
-        calls = parse_tool_calls(_THINK.sub("", self.turn_text(action)), self.tools, self.max_tool_calls)
-        return [self._query_length(c) for c in calls]
+        from searchrl.envs.call_formats import parse
+
+        text = _THINK.sub("", self.turn_text(action))
+        return [self._query_length(c) for c in parse(self.call_format, text, self.tools, self.max_tool_calls)]
 
     def _query_length(self, call: ToolCall) -> ToolCall:
         query = call.arguments.get("query") if call.valid and call.name == "search" else None
@@ -278,8 +290,12 @@ class ToolEnv(SearchEnv):
 
     # ------------------------------------------------------------------ written actions (the teacher)
     def write_search(self, think: str, query: str) -> str:
-        call = json.dumps({"name": "search", "arguments": {"query": query}})
-        return f"<think> {think} </think>\n<tool_call>\n{call}\n</tool_call>{self.format.end_of_turn}"
+        from searchrl.envs.call_formats import write
+
+        call = write(self.call_format, "search", {"query": query})
+        if self.call_format == "llama3_json":  # the whole turn is the call
+            return f"{call}{self.format.end_of_turn}"
+        return f"<think> {think} </think>\n{call}{self.format.end_of_turn}"
 
     def write_answer(self, answer: str, note: str = "") -> str:
         return f"<think> {note}So the answer is {answer}. </think>\n{answer}{self.format.end_of_turn}"

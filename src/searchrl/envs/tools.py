@@ -186,7 +186,12 @@ def open_tool(max_words: int | None = None) -> Tool:
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
-def parse_tool_calls(text: str, tools: dict[str, Tool], limit: int | None = None) -> list[ToolCall]:
+def parse_tool_calls(
+    text: str,
+    tools: dict[str, Tool],
+    limit: int | None = None,
+    one: Callable[[str, dict[str, Tool]], ToolCall] | None = None,
+) -> list[ToolCall]:
     """Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block of ``text``, in order, each
     checked against its tool's schema. ``arguments`` may also be a JSON string of an object (some models
     write it so). A ``<tool_call>`` left open is one more, invalid, call. With ``limit``, the blocks past the
@@ -195,7 +200,9 @@ def parse_tool_calls(text: str, tools: dict[str, Tool], limit: int | None = None
 
     Whatever the model wrote, this returns: malformed, deeply nested or duplicate-keyed JSON, integers past
     Python's 4,300-digit limit and unpaired surrogates are calls that cannot run, each saying why; the scan
-    finds each block with one forward search for its close, so it is linear in the text's length."""
+    finds each block with one forward search for its close, so it is linear in the text's length. ``one``
+    reads a block's body (default: the JSON call; `envs.call_formats` passes the XML one)."""
+    one = one or _one_call
     calls: list[ToolCall] = []
     extra = pos = 0
     while (start := text.find(OPEN, pos)) >= 0:
@@ -203,7 +210,7 @@ def parse_tool_calls(text: str, tools: dict[str, Tool], limit: int | None = None
         if end < 0:
             break
         if limit is None or len(calls) < limit:
-            calls.append(_one_call(text[start + len(OPEN) : end], tools))
+            calls.append(one(text[start + len(OPEN) : end], tools))
         else:
             extra += 1
         pos = end + len(CLOSE)

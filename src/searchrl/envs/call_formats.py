@@ -1,0 +1,236 @@
+"""How a model family writes its tool calls, read back linearly and never raising (the tool protocol).
+
+- ``hermes``: ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``, one block per call (Qwen2.5, Qwen3,
+  Hermes; `searchrl.envs.tools.parse_tool_calls`).
+- ``qwen3_coder``: ``<tool_call><function=NAME><parameter=P>value</parameter>…</function></tool_call>``, the
+  XML style of Qwen3-Coder and Qwen3.5. A parameter's value is text; where the tool's schema says it is a
+  number, a boolean, an array or an object, it is read as JSON (as vLLM's ``qwen3_coder`` parser does), else
+  kept as text.
+- ``llama3_json``: the whole turn is one JSON object ``{"name": …, "parameters": {…}}`` (or several separated
+  by ``;``), optionally after ``<|python_tag|>``: Llama 3.1-3.3's JSON tool calls. A turn that does not start
+  with ``{`` is the final answer.
+
+`detect` picks the family from the chat template's text. Every format reads a turn in time linear in its
+length, and whatever a policy writes becomes calls that run or calls that say why they cannot
+(`searchrl.envs.tools.ToolCall`). `write` renders a call as the family writes it (the scripted teacher's
+turns, round-trip tests).
+
+The templates of the two families without a copy in `searchrl.models.qwen` are in `LLAMA3_JSON_TEMPLATE` and
+`QWEN3_CODER_TEMPLATE`: written here for the formats as their model cards describe them (system prompt with
+the tool schemas, the calls, the tool results' turns), not copies of the vendors' files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from searchrl.envs.tools import CLOSE, OPEN, Tool, ToolCall, _loads, _one_call, parse_tool_calls
+
+FORMATS = ("hermes", "qwen3_coder", "llama3_json")
+_FUNCTION = re.compile(r"<function=([^>\n]{1,200})>(.*?)(?:</function>|\Z)", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
+
+
+def detect(template: str | None) -> str:
+    """The call format a chat template teaches (``hermes`` when it says nothing we know)."""
+    text = template or ""
+    if "<function=" in text and "<parameter=" in text:
+        return "qwen3_coder"
+    if (
+        "<|start_header_id|>" in text
+        and ('"parameters"' in text or "parameters" in text)
+        and "<tool_call>" not in text
+    ):
+        return "llama3_json"
+    return "hermes"
+
+
+def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None) -> list[ToolCall]:
+    """The turn's calls in format ``fmt`` (one of `FORMATS`)."""
+    if fmt == "qwen3_coder":
+        return _parse_xml(text, tools, limit)
+    if fmt == "llama3_json":
+        return _parse_llama(text, tools, limit)
+    return parse_tool_calls(text, tools, limit)
+
+
+def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
+    """One call as the family writes it in an assistant turn."""
+    if fmt == "qwen3_coder":
+        params = "".join(
+            f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+            for k, v in arguments.items()
+        )
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+    if fmt == "llama3_json":
+        return json.dumps({"name": name, "parameters": arguments})
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
+
+
+def _capped(calls: list[ToolCall], extra: int, limit: int | None) -> list[ToolCall]:
+    if extra:
+        detail = f"{extra} more tool call{'s' if extra > 1 else ''} not run: at most {limit} per turn"
+        calls.append(ToolCall(None, error="too_many_calls", detail=detail))
+    return calls
+
+
+def _parse_xml(text: str, tools: dict[str, Tool], limit: int | None) -> list[ToolCall]:
+    """``<tool_call>`` blocks holding ``<function=…>`` with ``<parameter=…>`` values (Qwen3-Coder)."""
+    return parse_tool_calls(text, tools, limit, _xml_call)
+
+
+def _xml_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+    m = _FUNCTION.search(body)
+    if m is None:
+        return ToolCall(
+            None, error="missing_name", detail="a tool call is <function=NAME> with <parameter=…> values"
+        )
+    name = m.group(1).strip()
+    if name not in tools:
+        shown = name if len(name) <= 80 else name[:80] + "…"
+        return ToolCall(shown, error="unknown_tool", detail=f"no tool {shown!r}; tools: {', '.join(tools)}")
+    props = tools[name].parameters.get("properties", {})
+    args: dict[str, Any] = {}
+    for p in _PARAMETER.finditer(m.group(2)):
+        key, raw = p.group(1).strip(), p.group(2)
+        raw = raw[1:] if raw.startswith("\n") else raw
+        raw = raw[:-1] if raw.endswith("\n") else raw
+        if key in args:
+            return ToolCall(None, error="duplicate_key", detail=f"the parameter {key[:80]!r} is given twice")
+        args[key] = _typed(raw, props.get(key, {}))
+    text = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+    return _one_call(text, tools)  # the same checks (text, schema) as a JSON call
+
+
+def _typed(raw: str, schema: dict[str, Any]) -> Any:
+    """A parameter's text, read as JSON where its schema's type is not a string (kept as text if it is not
+    JSON: the schema check then says what was expected)."""
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind else []
+    if not kinds or "string" in kinds:
+        return raw
+    value, bad = _loads(raw.strip())
+    return raw if bad is not None else value
+
+
+def _parse_llama(text: str, tools: dict[str, Tool], limit: int | None) -> list[ToolCall]:
+    """JSON objects at the start of the turn, separated by ``;`` (Llama 3's JSON tool calls)."""
+    body = text.strip()
+    body = body[len("<|python_tag|>") :].lstrip() if body.startswith("<|python_tag|>") else body
+    if not body.startswith("{"):
+        return []  # a final answer
+    calls: list[ToolCall] = []
+    extra = pos = 0
+    decoder = json.JSONDecoder()
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except (ValueError, RecursionError) as exc:
+            calls.append(
+                ToolCall(
+                    None, error="malformed_json", detail=f"the tool call is not valid JSON ({str(exc)[:120]})"
+                )
+            )
+            break
+        if limit is None or len(calls) < limit:
+            calls.append(_llama_call(body[pos:end], obj, tools))
+        else:
+            extra += 1
+        pos = end
+        while pos < len(body) and body[pos] in " \t\r\n;":
+            pos += 1
+        if pos < len(body) and body[pos] != "{":
+            break  # text after the calls: read as nothing more
+    return _capped(calls, extra, limit)
+
+
+def _llama_call(raw: str, obj: Any, tools: dict[str, Tool]) -> ToolCall:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return ToolCall(
+            None, error="missing_name", detail='a tool call is {"name": ..., "parameters": {...}}'
+        )
+    again, bad = _loads(raw)  # the duplicate-key and text checks of every format
+    if bad is not None:
+        return bad
+    args = again.get("parameters", again.get("arguments", {}))
+    return _one_call(json.dumps({"name": again["name"], "arguments": args}, ensure_ascii=False), tools)
+
+
+# A Llama 3.1-style template with JSON tool calls: the tool schemas in the first user turn, a call as the whole
+# assistant turn ({"name", "parameters"}), results in ipython turns.
+LLAMA3_JSON_TEMPLATE = """{{- bos_token if bos_token is defined else '' }}
+{%- set system = messages[0]['content'] if messages[0]['role'] == 'system' else 'You are a helpful assistant.' %}
+{%- set rest = messages[1:] if messages[0]['role'] == 'system' else messages %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + system + '<|eot_id|>' }}
+{%- for message in rest %}
+    {%- if message.role == 'user' %}
+        {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' }}
+        {%- if tools and loop.first %}
+            {{- 'Given the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\\n\\nRespond in the format {"name": function name, "parameters": dictionary of argument name and its value}. Do not use variables.\\n\\n' }}
+            {%- for t in tools %}
+                {{- t | tojson(indent=4) + '\\n\\n' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- message.content + '<|eot_id|>' }}
+    {%- elif message.role == 'assistant' and message.tool_calls %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+        {%- if message.content %}{{- message.content }}{%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+            {{- '{"name": "' + call.name + '", "parameters": ' + (call.arguments | tojson) + '}' }}
+            {%- if not loop.last %}{{- '; ' }}{%- endif %}
+        {%- endfor %}
+        {{- '<|eot_id|>' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+# A Qwen3-Coder-style template: ChatML turns, the tool schemas in the system turn, calls as <function=…> with
+# <parameter=…> values inside <tool_call>, results in <tool_response> blocks of a user turn.
+QWEN3_CODER_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {{- messages[0]['content'] + '\\n\\n' if messages[0]['role'] == 'system' else '' }}
+    {{- '# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' }}
+    {%- for t in tools %}
+        {{- '\\n' + (t | tojson) }}
+    {%- endfor %}
+    {{- '\\n</tools>\\n\\nIf you choose to call a function, reply in the following format:\\n\\n<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>\\nvalue_1\\n</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant' }}
+        {%- if message.content %}{{- '\\n' + message.content }}{%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+            {{- '\\n<tool_call>\\n<function=' + call.name + '>\\n' }}
+            {%- for key, value in call.arguments.items() %}
+                {{- '<parameter=' + key + '>\\n' }}
+                {{- value if value is string else (value | tojson) }}
+                {{- '\\n</parameter>\\n' }}
+            {%- endfor %}
+            {{- '</function>\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
