@@ -192,3 +192,34 @@ def test_written_turns_parse_back(qwen_tok):
     info = env.parse(env.write_answer("Ann Lee", "Found: Ann Lee. "))
     assert info.valid and info.answer == "Ann Lee"
     assert env.parse(env.write_forced_answer("Ann Lee"), forced=True).answer == "Ann Lee"
+
+
+def test_qwen3_with_thinking_off_renders_as_trained_given_reasoning_content(qwen3_tok):
+    """enable_thinking: false opens every assistant turn with an empty reasoning block, and our episode keeps
+    it in every turn (append-only). Qwen3's own template, re-rendering the conversation as a server does, drops
+    it from the earlier turns, so the context served would differ from the one trained on from turn 2; given a
+    reasoning_content of "\\n" on those turns, the same template renders exactly the trained text."""
+    env = ToolEnv(
+        CountingRetriever(), ChatFormat(qwen3_tok, {"enable_thinking": False}), template="tools", topk=1
+    )
+    turn_1 = '<tool_call>\n{"name": "search", "arguments": {"query": "Zelka"}}\n</tool_call>'
+    gen = ScriptedCandidates(qwen3_tok, [[turn_1 + "<|im_end|>"], ["Ann Lee<|im_end|>"]])
+    [traj], _ = rollout([EX], env, gen, qwen3_tok, SamplingParams(1.0, 1.0, 64), 1, 2000)
+    trained = qwen3_tok.decode(traj.token_ids)
+    assert trained.count("<think>\n\n</think>\n\n") == 2  # both turns opened with the empty block
+    ep = traj.episode
+    call_1 = {"type": "function", "function": {"name": "search", "arguments": {"query": "Zelka"}}}
+    turns = [
+        *env.template.messages(EX.question),
+        {"role": "assistant", "content": "", "tool_calls": [call_1]},
+        {"role": "tool", "content": env.format_docs(ep.retrieved[0])},
+        {"role": "assistant", "content": "Ann Lee"},
+    ]
+    kw = {"tools": env.schemas, "tokenize": False, "enable_thinking": False}
+    served = qwen3_tok.apply_chat_template(turns, **kw)
+    assert served.count("<think>\n\n</think>\n\n") == 1 and served != trained + "\n"
+    for t in turns:
+        if t["role"] == "assistant":
+            t["reasoning_content"] = "\n"
+    as_trained = qwen3_tok.apply_chat_template(turns, **kw)
+    assert as_trained.rstrip("\n") == trained.rstrip("\n")
