@@ -25,7 +25,27 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METRICS = ("em", "f1", "searches_per_question", "redundant_search_rate")
+METRICS = (
+    "em",
+    "f1",
+    "searches_per_question",
+    "redundant_search_rate",
+    "invalid_action_rate",
+    "no_answer_rate",
+)
+
+
+def _eval_metrics(stage: dict[str, object]) -> dict[str, float]:
+    """The table's metrics of one evaluated stage; ``no_answer_rate``: the share of questions the agent never
+    answered (answer avoidance: Search-R1++), from the finish reasons."""
+    reasons = stage.get("finish_reasons") or {}
+    assert isinstance(reasons, dict)
+    n = float(stage.get("n") or sum(reasons.values()) or 1)
+    out = {m: float(stage.get(m, 0.0)) for m in METRICS if m != "no_answer_rate"}  # type: ignore[arg-type]
+    out["no_answer_rate"] = 1.0 - reasons.get("answer", 0) / n
+    return out
+
+
 TRAIN = ("rollout/tokens_generated", "time/step_s")  # summed over the run's steps
 
 
@@ -76,7 +96,7 @@ def main() -> None:
             run_dirs.append(Path("runs") / name)
             res = json.loads(res_file.read_text())
             stage = next(k for k in res if k not in ("untrained", "sft"))
-            results[algo][s] = {m: res[stage][m] for m in METRICS}
+            results[algo][s] = _eval_metrics(res[stage])
             rows = [
                 json.loads(line) for line in (Path("runs") / name / "metrics.jsonl").read_text().splitlines()
             ]
@@ -88,7 +108,7 @@ def main() -> None:
             results[algo][s]["generated_tokens_per_question"] = (
                 results[algo][s]["rollout/tokens_generated"] / questions
             )
-            sft = {m: res["sft"][m] for m in METRICS}
+            sft = _eval_metrics(res["sft"])
     cols = (*METRICS, "rollout/tokens_generated", "generated_tokens_per_question", "time/step_s")
     labels = {"rollout/tokens_generated": "generated tokens (run)", "time/step_s": "training s (run)"}
     head = " | ".join(labels.get(c, c) for c in cols)

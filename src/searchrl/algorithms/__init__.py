@@ -23,7 +23,15 @@ ALGORITHMS.add_lazy("prm", "searchrl.algorithms.prm:PRM")
 # The pieces an algorithm's config selects (``advantage:``, ``policy_loss:``); a dotted path
 # ``package.module:function`` names a user's own with the same signature.
 ADVANTAGES: Registry[Any] = Registry("advantage estimator")
-for _name in ("grpo", "rloo", "reinforce_baseline", "reinforce_pp", "reinforce_pp_baseline"):
+for _name in (
+    "grpo",
+    "rloo",
+    "reinforce",
+    "reinforce_batch",
+    "reinforce_baseline",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+):
     ADVANTAGES.add_lazy(_name, f"searchrl.algorithms.estimators:{_name}")
 POLICY_LOSSES: Registry[Any] = Registry("policy loss")
 for _name in ("clip", "gspo", "gspo_token", "cispo", "gmpo", "sapo"):

@@ -2,7 +2,7 @@
 
 Each registered estimator (`searchrl.algorithms.ADVANTAGES`) is ``f(x: AdvantageInput) -> (B, T)`` token
 advantages, 0 off the loss mask; the equation it implements is in its docstring. The sequence-level ones
-(grpo, rloo, reinforce_baseline, reinforce_pp_baseline) see the outcome reward less β·Σ_t KL_t when the KL
+(grpo, rloo, reinforce, reinforce_batch, reinforce_baseline, reinforce_pp_baseline) see the outcome reward less β·Σ_t KL_t when the KL
 is in the reward (``kl_in: reward``); REINFORCE++ places −β·KL_t on each token instead.
 
 Batch-level statistics (REINFORCE++'s whitening) are global: summed over processes with ``sum_all``, so N
@@ -91,6 +91,24 @@ def rloo(x: AdvantageInput) -> torch.Tensor:
 def reinforce_baseline(x: AdvantageInput) -> torch.Tensor:
     """REINFORCE (Williams 1992) with the group-mean baseline: r_i − mean_G r, no scaling."""
     return broadcast_to_tokens(group_mean_baseline(x.penalised(), x.group_ids), x.loss_mask)
+
+
+def reinforce(x: AdvantageInput) -> torch.Tensor:
+    """REINFORCE (Williams 1992, eq. 11) without a baseline: every action token of episode i gets A = r_i.
+    With one optimizer update per rollout batch (``trainer.epochs: 1``, ``mini_batches: 1``) the ratio is 1 at
+    the update, so the clipped objective's gradient is exactly REINFORCE's; Search-R1++ (arXiv 2602.19526)
+    found REINFORCE ahead of PPO and GRPO for search agents."""
+    return broadcast_to_tokens(x.penalised(), x.loss_mask)
+
+
+def reinforce_batch(x: AdvantageInput) -> torch.Tensor:
+    """REINFORCE with the batch-mean baseline: A_i = r_i − mean_batch r, the mean over every process's
+    episodes (no group structure, no scaling). The baseline variant of `reinforce`; which of the two
+    Search-R1++ uses is not stated in the sources at hand, so both are offered."""
+    r = x.penalised().double()
+    n = x.sum_all(float(r.numel()))
+    mean = x.sum_all(float(r.sum())) / n if n else 0.0
+    return broadcast_to_tokens((r - mean).float(), x.loss_mask)
 
 
 def reinforce_pp(x: AdvantageInput) -> torch.Tensor:

@@ -49,8 +49,9 @@ class GroupPolicyConfig:
     )
     # sampler-trainer importance weights or masks (`algorithms.correction`); mode none: the papers' eq. 1
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
-    # the advantage estimator (`algorithms.estimators`): grpo (eq. 1), rloo, reinforce_baseline,
-    # reinforce_pp (REINFORCE++), reinforce_pp_baseline, or a dotted path to your own
+    # the advantage estimator (`algorithms.estimators`): grpo (eq. 1), rloo, reinforce (no baseline),
+    # reinforce_batch (batch-mean baseline), reinforce_baseline (group mean), reinforce_pp (REINFORCE++),
+    # reinforce_pp_baseline, or a dotted path to your own
     advantage: str = field(default="grpo", metadata={"registry": "advantages"})
     # the policy loss (`algorithms.policy_losses`): clip (eq. 1), gspo, gspo_token, cispo, gmpo, sapo, or a dotted path
     policy_loss: str = field(default="clip", metadata={"registry": "policy_losses"})
@@ -65,6 +66,10 @@ class GroupPolicyConfig:
         )
 
 
+# the estimators without a group baseline: they train with groups of one
+NO_GROUP = ("reinforce", "reinforce_batch", "reinforce_pp")
+
+
 @dataclass(frozen=True)
 class GRPOConfig(GroupPolicyConfig):
     group_size: int = 5  # G, rollouts per question (ReSearch Table 4); TRL's num_generations
@@ -76,11 +81,11 @@ class GRPOConfig(GroupPolicyConfig):
         super().__post_init__()
         check_group_size(self.group_size)
         # a group baseline (mean, std, leave-one-out) of a group of one is the reward itself: advantage 0
-        if self.group_size < 2 and self.advantage != "reinforce_pp":
+        if self.group_size < 2 and self.advantage not in NO_GROUP:
             raise ValueError(
                 f"group_size must be at least 2 for the '{self.advantage}' advantage's group baseline (a group "
                 f"of one has advantage 0, so nothing trains; ReSearch uses 5), got {self.group_size}; "
-                "advantage: reinforce_pp needs no group"
+                f"advantages {', '.join(NO_GROUP)} need no group"
             )
 
 

@@ -102,12 +102,27 @@ def episode_metrics(states: Sequence[EnvState]) -> dict[str, Any]:
     return out
 
 
+def add_judge_metrics(
+    metrics: dict[str, Any], states: Sequence[EnvState], judge: dict[str, Any] | None
+) -> None:
+    """With ``eval.judge`` set, the answer judge's columns (`searchrl.rewards.answer_judge.judge_accuracy`)."""
+    if not judge:
+        return
+    from searchrl.rewards.answer_judge import AnswerJudge, judge_accuracy
+
+    verdicts = AnswerJudge(**{"key": "eval.judge", **judge})
+    metrics.update(
+        judge_accuracy(verdicts, [(s.example.question, s.example.answers, s.answer) for s in states])
+    )
+
+
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
     cols = [
         "n",
         "em",
         "f1",
         "sub_em",
+        "judge_acc",
         "searches_per_question",
         "tokens_per_question",
         "invalid_action_rate",

@@ -22,7 +22,7 @@ def evaluate(
     NAME.predictions.jsonl and NAME.config.yaml in ``exp.out``, NAME = ``eval-AGENT[-DESIGN]-LABEL`` (LABEL:
     ``label``, else the split). ``model``: the policy's model directory (default: the run's final model,
     else ``model.path``). Returns {NAME: metrics}; PRM best-of-N (``eval.agent: prm``) gives one row per N."""
-    from searchrl.app.eval import EVAL_AGENTS, episode_metrics, write_results
+    from searchrl.app.eval import EVAL_AGENTS, add_judge_metrics, episode_metrics, write_results
     from searchrl.app.runtime import Runtime
     from searchrl.core.config import save_resolved
     from searchrl.core.serving import check_failure_rates, failure_summary, service_metrics
@@ -40,6 +40,7 @@ def evaluate(
         print(line)
     check_failure_rates(service_metrics())  # a failing summarizer endpoint makes the numbers meaningless
     metrics = episode_metrics(states)
+    add_judge_metrics(metrics, states, exp.eval.judge)
     metrics["seconds"] = time.perf_counter() - t
     design = "" if exp.env.agent == "react" else f"-{exp.env.agent}"
     name = f"eval-{exp.eval.agent}{design}-{label}"

@@ -40,10 +40,10 @@ def from_dict_checked(cls: type, data: dict[str, Any], source: str = "<config>",
 def _registries() -> dict[str, Registry[Any]]:
     from searchrl.algorithms import ADVANTAGES, ALGORITHMS, POLICY_LOSSES
     from searchrl.envs.retrievers.base import RETRIEVERS
-    from searchrl.envs.summarize import SUMMARIZERS
     from searchrl.rewards import REWARDS
     from searchrl.rewards.judges import ANNOTATORS, JUDGES
     from searchrl.rollout.generator import GENERATORS
+    from searchrl.rollout.summarizers import SUMMARIZERS
 
     return {
         "retrievers": RETRIEVERS,
@@ -234,7 +234,7 @@ def _check_env_arguments(exp: Experiment, source: str) -> None:
                 choices=known,
             )
     if exp.env.summarizer is not None:
-        from searchrl.envs.summarize import SUMMARIZERS
+        from searchrl.rollout.summarizers import SUMMARIZERS
 
         params = inspect.signature(SUMMARIZERS.get(exp.env.summarizer.name)).parameters
         for arg in exp.env.summarizer.args:
@@ -249,10 +249,23 @@ def _check_env_arguments(exp: Experiment, source: str) -> None:
 
 
 def _check_reward_arguments(exp: Experiment, source: str) -> None:
-    """Each reward's arguments against its keyword parameters, and its calling convention."""
+    """Each reward's arguments against its keyword parameters, and its calling convention; the evaluation
+    judge's arguments."""
     from searchrl.rewards import REWARDS
     from searchrl.rewards.pipeline import check_calling_convention
     from searchrl.rewards.registry import PROVIDED
+
+    if exp.eval.judge:
+        judge_params = inspect.signature(REWARDS.get("judge")).parameters
+        for arg in exp.eval.judge:
+            if arg not in judge_params:
+                raise ConfigError(
+                    f"the answer judge has no argument '{arg}'",
+                    file=source,
+                    key=f"eval.judge.{arg}",
+                    value=arg,
+                    choices=list(judge_params),
+                )
 
     for i, spec in enumerate(exp.rewards):
         params = inspect.signature(REWARDS.get(spec.name)).parameters
@@ -288,6 +301,11 @@ def _check_async(exp: Experiment, online: bool, own_collect: bool, resamples: bo
 
     assert exp.algorithm is not None
     why = refusal(exp.algorithm.name, online, own_collect, exp.rollout.loop, resamples)
+    if why is None and exp.env.retriever.name == "simulated" and exp.trainer.async_rollout.max_staleness:
+        why = (
+            "the simulated retriever's noise curriculum follows the trainer's step, which the asynchronous "
+            "worker's copy of the retriever does not see: train it synchronously"
+        )
     if why is not None:
         raise ConfigError(
             why,

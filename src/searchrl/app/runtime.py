@@ -83,6 +83,13 @@ class Runtime:
         r = self.exp.env.retriever
         if r.name == "http":
             return build_retriever("http", cache=r.cache, **r.args)
+        if r.name == "simulated" and r.args.get("source", "corpus") == "llm":
+            from searchrl.rollout.chat import client_from_args
+
+            client = client_from_args(
+                dict(r.args.get("llm") or {}), "env.retriever.args.llm", "simulated_search"
+            )
+            return build_retriever("simulated", client=client, **r.args)
         saved = r.index is not None and (Path(r.index) / "index.json").exists()
         corpus = None if saved else self.corpus  # a saved index brings its own (memory-mapped) documents
         return build_retriever(r.name, corpus=corpus, index=r.index, cache=r.cache, **r.args)
@@ -90,7 +97,7 @@ class Runtime:
     @cached_property
     def summarizer(self) -> Any:
         """The configured summarizer (built once: an LLM one may load a model), or None."""
-        from searchrl.envs.summarize import SUMMARIZERS
+        from searchrl.rollout.summarizers import SUMMARIZERS
 
         spec = self.exp.env.summarizer
         return SUMMARIZERS.get(spec.name)(**spec.args) if spec is not None else None
@@ -115,6 +122,8 @@ class Runtime:
             summarizer=self.summarizer,
             chat=chat,
             doc_format=e.doc_format,
+            query_separator=e.query_separator,
+            max_parallel_queries=e.max_parallel_queries,
         )
 
     def tool_env(self, chat_format: Any = None) -> SearchEnv:

@@ -87,7 +87,7 @@ def evaluate_final(rt: Runtime, model_dir: Path, name: str, state: Any) -> dict[
     process writes the results."""
     from contextlib import nullcontext
 
-    from searchrl.app.eval import episode_metrics, run_policy, write_results
+    from searchrl.app.eval import add_judge_metrics, episode_metrics, run_policy, write_results
     from searchrl.models.load import load_model_and_tokenizer
 
     e = rt.exp
@@ -106,6 +106,7 @@ def evaluate_final(rt: Runtime, model_dir: Path, name: str, state: Any) -> dict[
     m = episode_metrics(everyone)
     m["predictions"] = f"eval/{name}.predictions.jsonl"  # per question, relative to the run directory
     if state.is_main_process:
+        add_judge_metrics(m, everyone, e.eval.judge)  # one process asks the judge
         write_results(e.out / "eval", name, m, everyone)
     return m
 
@@ -115,7 +116,7 @@ def evaluate_best_of_n(
 ) -> dict[str, Any]:
     """The policy guided by the PRM (RAG-Gym Algorithm 1) on the evaluation split (sharded over the
     processes of ``state``, when given)."""
-    from searchrl.app.eval import episode_metrics, run_best_of_n, write_results
+    from searchrl.app.eval import add_judge_metrics, episode_metrics, run_best_of_n, write_results
     from searchrl.models.load import load_model_and_tokenizer
     from searchrl.rewards.prm import PRMScorer
 
@@ -140,6 +141,7 @@ def evaluate_best_of_n(
     name = f"prm-best-of-{n}-{e.eval.split}"
     m["predictions"] = f"eval/{name}.predictions.jsonl"
     if state is None or state.is_main_process:
+        add_judge_metrics(m, everyone, e.eval.judge)
         write_results(e.out / "eval", name, m, everyone)
     return m
 

@@ -134,6 +134,10 @@ class EnvConfig:
     topk: int = 3
     max_turns: int = 4  # non-answer actions per episode before the answer is forced
     max_query_chars: int = 256
+    # tags: a search may hold several queries split by this string (ParallelSearch, arXiv 2508.09303), e.g.
+    # "##"; each is retrieved (one batch) and its documents shown under it. null: one query per search
+    query_separator: str | None = None
+    max_parallel_queries: int = 4  # with query_separator: more queries in one search make it invalid
     on_budget: Literal["force_answer", "end"] = "force_answer"
     doc_max_words: int | None = None
     # how documents are written into observations: search_r1 "Doc 1(Title: t) text" (Search-R1, ReSearch,
@@ -384,6 +388,9 @@ class EvalConfig:
     best_of: tuple[int, ...] = (4, 8)  # N of the PRM-guided agent (RAG-Gym Algorithm 1)
     best_of_temperature: float = 1.0  # sampling temperature of its candidates (RAG-Gym: 1.0)
     prm: str | None = None  # the PRM model directory for agent "prm" (default: the run's final model)
+    # an LLM answer judge (rewards/answer_judge.py: backend, model, url, ...): evaluation then also reports
+    # judge_acc, gen_acc (cover EM or the judge), judge_failures and judge_em_agreement; null: not asked
+    judge: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -475,8 +482,8 @@ RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
 }
 
 
-# keys that moved, with where they live now (the error message says so)
-MOVED = {
+# config keys that were renamed or moved, with where they live now (the error message says so)
+RENAMED_KEYS = {
     "RolloutConfig.group_size": "samples per question belong to the algorithm that uses them: "
     "algorithm.group_size (grpo, ppo, steppo; slate samples k candidates per step)",
 }
@@ -625,7 +632,7 @@ def _convert_dataclass(cls: Any, value: Any, ctx: Ctx, key: str) -> Any:
     for k, v in value.items():
         sub = f"{key}.{k}" if key else str(k)
         if k not in fields:
-            hint = MOVED.get(f"{cls.__name__}.{k}")
+            hint = RENAMED_KEYS.get(f"{cls.__name__}.{k}")
             raise ctx.error(
                 sub, "unknown key", value=k, choices=list(fields), **({"hint": hint} if hint else {})
             )

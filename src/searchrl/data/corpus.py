@@ -3,32 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from searchrl.core.errors import DataError
+from searchrl.core.records import Doc
 from searchrl.data.example import read_json, read_jsonl
-
-
-@dataclass(frozen=True)
-class Doc:
-    id: str
-    title: str
-    text: str
-    score: float = 0.0
-
-    @property
-    def contents(self) -> str:
-        return f'"{self.title}"\n{self.text}'
-
-    def to_json(self) -> dict[str, str]:
-        return {"id": self.id, "contents": self.contents}
-
-    @staticmethod
-    def from_contents(doc_id: str, contents: str, score: float = 0.0) -> Doc:
-        title, _, text = contents.partition("\n")
-        return Doc(id=doc_id, title=title.strip().strip('"'), text=text.strip(), score=score)
 
 
 def _from_record(i: int, rec: Any, path: Path) -> Doc:

@@ -365,6 +365,7 @@ class Trainer(TrainingStep):
         try:
             while step < cfg.steps:
                 done = step + 1
+                curriculum = self._curriculum(step)
                 try:
                     metrics = self.step(step)
                 except NonFiniteError as exc:
@@ -372,6 +373,9 @@ class Trainer(TrainingStep):
                     step = self._on_trip(Trip(done, "non-finite", str(exc), math.nan, "finite", 0), guards)
                     self._restart_pipeline()
                     continue
+                finally:
+                    self._curriculum(None)
+                metrics.update(curriculum)
                 # every eval_every steps and at the last, so that the held-out curve ends at the final policy
                 if (
                     evaluate is not None
@@ -406,6 +410,15 @@ class Trainer(TrainingStep):
                 eng.print(f"collapse guards: {len(self._trip_log)} trip(s), see {self.out / 'guards.json'}")
         with eng.phase("final export"):
             return self.ckpt.export_final(self.out / "final")
+
+    def _curriculum(self, step: int | None) -> dict[str, float]:
+        """A retriever with a schedule over training (the simulated search engine's noise) learns the step
+        (None: the step is over; evaluation sees no schedule); its value is logged (``search/noise_p``)."""
+        retriever: Any = getattr(self.ctx.env, "retriever", None)
+        if not hasattr(retriever, "set_progress"):
+            return {}
+        retriever.set_progress(step, self.cfg.steps)
+        return {"search/noise_p": float(retriever.noise)} if step is not None else {}
 
     def _save(self, done: int, metrics: dict[str, Any]) -> None:
         """A checkpoint after step ``done``; its duration is kept to judge whether one fits a grace period."""

@@ -38,6 +38,7 @@ ERRORS = (
     "text_after_answer",
     "missing_boxed",
     "empty_answer",
+    "too_many_queries",
 )
 
 
@@ -71,10 +72,18 @@ class SearchEnv:
         summarizer: Callable[[Sequence[tuple[str, str, Sequence[Doc]]]], list[str]] | None = None,
         chat: Callable[[list[dict[str, Any]]], str] | None = None,
         doc_format: str = "search_r1",
+        query_separator: str | None = None,
+        max_parallel_queries: int = 4,
     ) -> None:
         """``template``: a name in `TEMPLATES` (plain prompts, for base models), in `CHAT_TEMPLATES` (rendered
         through ``chat``, the tokenizer's chat template with the assistant turn opened, for instruct models),
-        or a format string with ``{question}``."""
+        or a format string with ``{question}``. ``query_separator``: a search may hold several queries split
+        by it (ParallelSearch), at most ``max_parallel_queries``, retrieved in one batch and shown per query."""
+        if query_separator is not None and not query_separator.strip():
+            raise DataError(f"query_separator must hold a visible character, got {query_separator!r}")
+        if max_parallel_queries < 1:
+            raise DataError(f"max_parallel_queries must be at least 1, got {max_parallel_queries}")
+        self.query_separator, self.max_parallel_queries = query_separator, max_parallel_queries
         if doc_format not in DOC_FORMATS:
             raise DataError(f"doc_format must be one of {', '.join(DOC_FORMATS)}, got {doc_format!r}")
         self.doc_format = doc_format
@@ -103,7 +112,7 @@ class SearchEnv:
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        """Generation stops right after any of these (DESIGN §4.4): the closing search and answer tags."""
+        """Generation stops right after any of these (docs/design.md §4.4): the closing search and answer tags."""
         return self.tags.stop_strings
 
     # ------------------------------------------------------------------ episodes
@@ -147,8 +156,11 @@ class SearchEnv:
         parsed = [
             self.parse(a, forced=s.force_answer, stopped=st) for s, a, st in zip(states, actions, stopped)
         ]
-        queries = [p.query or "" for p in parsed if p.kind == "search" and p.valid]
-        results = list(self.retriever.search(queries, self.topk) if queries else [])
+        asked = [
+            (s, q) for s, p in zip(states, parsed) if p.kind == "search" and p.valid for q in p.subqueries
+        ]
+        queries = [q for _, q in asked]
+        results = self._retrieve(queries, [s.example for s, _ in asked])
         summaries = iter(self._summaries(states, parsed, results))
         found = iter(results)
         out = []
@@ -158,16 +170,39 @@ class SearchEnv:
             docs: list[Doc] = []
             body = ""
             if info.kind == "search" and info.valid:
-                docs = next(found)
-                body = next(summaries) if self.summarizer is not None else self.format_docs(docs)
+                per_query = [next(found) for _ in info.subqueries]
+                bodies = [
+                    next(summaries) if self.summarizer is not None else self.format_docs(d) for d in per_query
+                ]
+                docs = [d for found_docs in per_query for d in found_docs]
+                body = bodies[0] if not info.queries else self._per_query(info.queries, bodies)
                 info = StepInfo(
-                    kind="search", valid=True, query=info.query, doc_ids=tuple(d.id for d in docs)
+                    kind="search",
+                    valid=True,
+                    query=info.query,
+                    doc_ids=tuple(d.id for d in docs),
+                    queries=info.queries,
                 )
             obs, done, reason = self._observe(state, info, body, ended)
             self.record(state, action, obs, info, docs, done, reason)
             state.force_answer = obs.endswith(self.tags.answer_open)
             out.append((obs, done, info))
         return out
+
+    def _retrieve(self, queries: list[str], examples: list[Example]) -> list[list[Doc]]:
+        """The retriever's documents for ``queries``; a retriever that reads the question each query was asked
+        for (the simulated search engine) gets it."""
+        if not queries:
+            return []
+        with_context = getattr(self.retriever, "search_with_context", None)
+        if with_context is not None:
+            return list(with_context(queries, self.topk, examples))
+        return list(self.retriever.search(queries, self.topk))
+
+    @staticmethod
+    def _per_query(queries: Sequence[str], bodies: Sequence[str]) -> str:
+        """The observation of a search with several queries: each query's documents under its name."""
+        return "\n".join(f"Query {i + 1}: {q}\n{b}" for i, (q, b) in enumerate(zip(queries, bodies)))
 
     @staticmethod
     def record(
@@ -193,9 +228,10 @@ class SearchEnv:
         if self.summarizer is None or not results:
             return []
         searched = [
-            (s.example.question, p.query or "")
+            (s.example.question, q)
             for s, p in zip(states, parsed)
             if p.kind == "search" and p.valid
+            for q in p.subqueries
         ]
         out = self.summarizer([(q, query, docs) for (q, query), docs in zip(searched, results)])
         if len(out) != len(results):
@@ -280,12 +316,30 @@ class SearchEnv:
             query = " ".join(text[s_open + len(t.search_open) : s_close].split())
             if not query:
                 return StepInfo("invalid", False, "empty_query")
+            if self.query_separator is not None and self.query_separator in query:
+                return self._parse_parallel(query)
             if len(query) > self.max_query_chars:
                 return StepInfo("invalid", False, "query_too_long", query=query[: self.max_query_chars])
             return StepInfo("search", True, query=query)
         if a_close >= 0:
             return StepInfo("invalid", False, "unclosed_tag")
         return StepInfo("invalid", False, "no_action")
+
+    def _parse_parallel(self, query: str) -> StepInfo:
+        """A search holding several queries split by ``query_separator``: each is a query of its own (empty
+        pieces dropped); more than ``max_parallel_queries`` or one too long makes the action invalid."""
+        assert self.query_separator is not None
+        parts = tuple(p.strip() for p in query.split(self.query_separator) if p.strip())  # linear in the text
+        short = query[: self.max_query_chars]
+        if len(parts) > self.max_parallel_queries:
+            return StepInfo("invalid", False, "too_many_queries", query=short)
+        if not parts:
+            return StepInfo("invalid", False, "empty_query")
+        if any(len(p) > self.max_query_chars for p in parts):
+            return StepInfo("invalid", False, "query_too_long", query=short)
+        if len(parts) == 1:
+            return StepInfo("search", True, query=parts[0])
+        return StepInfo("search", True, query=query, queries=parts)
 
     def first_stop_end(self, text: str) -> int:
         """The end of the first closing tag (``</search>``, ``</answer>``) in ``text``; its length if none."""

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from searchrl.envs.search import EnvState
 from searchrl.rewards.judges import JudgeItem, JudgeScores, think_text
-from searchrl.rollout.chat import chat_client
+from searchrl.rollout.chat import client_from_args
 
 SYSTEM = (
     "You are a strict grader of a search agent that answers questions by reasoning and calling a search "
@@ -111,16 +111,18 @@ class LLMJudge:
         max_failure_rate: float = 0.05,
     ) -> None:
         self.max_tokens, self.temperature, self.max_context = max_tokens, temperature, max_context_chars
-        self.client = chat_client(
-            backend,
-            model,
-            url,
-            api_key_env,
-            timeout,
-            retries,
-            workers,
+        self.client = client_from_args(
+            {
+                "backend": backend,
+                "model": model,
+                "url": url,
+                "api_key_env": api_key_env,
+                "timeout": timeout,
+                "retries": retries,
+                "workers": workers,
+                "max_failure_rate": max_failure_rate,
+            },
             "judge_args",
-            max_failure_rate,
             "judge",
         )
 

@@ -165,3 +165,98 @@ def cover_em_reward(traj: Any, *, answers: Sequence[str]) -> RewardOutput:
 
     pred = _final_answer(traj)
     return RewardOutput(score=sub_exact_match(pred, answers) if pred is not None else 0.0)
+
+
+def action_penalty_reward(
+    traj: Any,
+    *,
+    no_answer: float = 0.2,
+    invalid: float = 0.1,
+    per_search: float = 0.0,
+    max_invalid: int | None = None,
+) -> RewardOutput:
+    """Action-level penalties (Search-R1++, arXiv 2602.19526, §4.2): added to an answer reward (F1) so that
+    not answering stops paying. Its finding: an F1 reward alone collapses into answer avoidance, since a
+    wrong answer and no answer both score 0; with penalties on the actions F1 ends above EM.
+
+    score = −(``no_answer`` if the episode gave no valid final answer) − ``invalid`` × (invalid actions, at
+    most ``max_invalid``) − ``per_search`` × (searches).
+
+    The paper's exact penalty values are not in the sources at hand (its abstract and summaries state the
+    design, not the constants): these defaults are ours, each term a switch (set it to 0). Use as
+    ``rewards: [{name: f1}, {name: action_penalty}]``."""
+    state = traj.state
+    infos = list(state.infos) if state is not None else []
+    answered = any(i.kind == "answer" and i.valid for i in infos)
+    n_invalid = sum(not i.valid for i in infos)
+    if max_invalid is not None:
+        n_invalid = min(n_invalid, max_invalid)
+    n_search = sum(i.kind == "search" and i.valid for i in infos)
+    score = -(0.0 if answered else no_answer) - invalid * n_invalid - per_search * n_search
+    return RewardOutput(
+        score,
+        metrics={"no_answer": float(not answered), "invalid": float(n_invalid), "searches": float(n_search)},
+    )
+
+
+def parallelizable(metadata: Any) -> bool | None:
+    """Whether a question's sub-questions are independent: ``metadata["parallelizable"]`` when the data says,
+    else HotpotQA's and 2Wiki's ``type: comparison`` (True) or another type (False); None when unknown."""
+    meta = metadata or {}
+    if "parallelizable" in meta:
+        return bool(meta["parallelizable"])
+    kind = meta.get("type")
+    if isinstance(kind, str) and kind:
+        return kind == "comparison"
+    return None
+
+
+def parallel_search_reward(
+    traj: Any,
+    *,
+    answers: Sequence[str],
+    metadata: Any = None,
+    decomposition: float = 0.2,
+    search_count: float = 0.2,
+    only_if_correct: bool = True,
+    penalise_needless: bool = True,
+) -> RewardOutput:
+    """ParallelSearch (arXiv 2508.09303): the answer's EM plus a decomposition term and a search-count term.
+
+    score = EM + ``decomposition`` · r_d + ``search_count`` · r_s, where
+
+    - r_d = 1 if the question is parallelizable (`parallelizable`) and the agent put several queries in one
+      search, −1 (``penalise_needless``) if it did that on a question that is not, else 0;
+    - r_s = 1 − rounds / queries: the share of search rounds saved by running queries together (0 when every
+      query had its own round or there was none);
+    - with ``only_if_correct`` both terms count only when the answer is exact (accuracy first).
+
+    The paper states the three goals (correctness, decomposition quality, parallel execution benefit) and
+    combines them; its exact constants and gating are not in the sources at hand, so the weights, the sign
+    of needless decomposition and the gating are assumptions, each a switch (set a weight to 0)."""
+    pred = _final_answer(traj)
+    correct = pred is not None and exact_match(pred, answers) > 0
+    state = traj.state
+    searches = [i for i in (state.infos if state is not None else []) if i.kind == "search" and i.valid]
+    rounds = len(searches)
+    queries = sum(len(i.subqueries) for i in searches)
+    used_parallel = any(len(i.queries) > 1 for i in searches)
+    can = parallelizable(metadata)
+    r_d = 0.0
+    if used_parallel and can:
+        r_d = 1.0
+    elif used_parallel and can is False and penalise_needless:
+        r_d = -1.0
+    r_s = 1.0 - rounds / queries if queries else 0.0
+    gate = 1.0 if (correct or not only_if_correct) else 0.0
+    score = float(correct) + gate * (decomposition * r_d + search_count * r_s)
+    return RewardOutput(
+        score,
+        metrics={
+            "em": float(correct),
+            "decomposition": r_d,
+            "rounds_saved": r_s,
+            "parallel": float(used_parallel),
+            "queries_per_search": queries / rounds if rounds else 0.0,
+        },
+    )

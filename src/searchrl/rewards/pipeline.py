@@ -34,7 +34,25 @@ def call_reward(
             kwargs[name] = fields[name]
         elif resources is not None and name in resources:
             kwargs[name] = resources[name]()
-    out = fn(traj, **kwargs, **args)
+    return _as_output(fn(traj, **kwargs, **args))
+
+
+def check_calling_convention(fn: Any, args: Mapping[str, Any]) -> None:
+    """Raise TypeError unless ``fn(traj, **provided_fields, **args)`` binds, or, for a batched reward (a
+    class), ``cls(**args)`` (checked at `validate` time)."""
+    if inspect.isclass(fn):
+        inspect.signature(fn).bind(**args)
+        return
+    inspect.signature(fn).bind(None, **{n: None for n in wanted(fn)}, **args)
+
+
+def is_batched(fn: Any) -> bool:
+    """A batched reward is a class: built once with its ``args``, then called with a list of trajectories,
+    returning one score or `RewardOutput` each (an LLM judge sends them as one batch)."""
+    return inspect.isclass(fn)
+
+
+def _as_output(out: Any) -> RewardOutput:
     if isinstance(out, RewardOutput):
         return out
     if isinstance(out, bool) or not isinstance(out, int | float):
@@ -42,16 +60,12 @@ def call_reward(
     return RewardOutput(score=float(out))
 
 
-def check_calling_convention(fn: Any, args: Mapping[str, Any]) -> None:
-    """Raise TypeError unless ``fn(traj, **provided_fields, **args)`` binds (checked at `validate` time)."""
-    inspect.signature(fn).bind(None, **{n: None for n in wanted(fn)}, **args)
-
-
 class RewardPipeline:
     """``traj.reward = Σ w_i · score_i``; ``traj.step_rewards = Σ w_i · step_scores_i`` (one per step).
 
     ``resources`` maps a name a reward may ask for (``docs``) to a zero-argument function building it;
-    each is built once, on first use."""
+    each is built once, on first use. Batched rewards (`is_batched`) are built once, on first use, and
+    scored over the whole list first."""
 
     def __init__(
         self, specs: Sequence[RewardSpec], resources: Mapping[str, Callable[[], Any]] | None = None
@@ -60,6 +74,7 @@ class RewardPipeline:
             raise DataError("no rewards configured: add e.g. `rewards: [{name: f1}]` to the experiment")
         self.specs = list(specs)
         self.fns = [REWARDS.get(s.name) for s in self.specs]
+        self._batched: dict[int, Any] = {}
         self._built: dict[str, Any] = {}
         self.resources = {k: self._once(k, f) for k, f in (resources or {}).items()}
 
@@ -75,17 +90,41 @@ class RewardPipeline:
     def has_process_rewards(self) -> bool:
         return any(reward_kind(s.name) == "process" for s in self.specs)
 
+    def _score_batched(self, trajs: Sequence[Trajectory]) -> dict[int, list[RewardOutput]]:
+        """The batched rewards' outputs, by spec index, one per trajectory."""
+        out: dict[int, list[RewardOutput]] = {}
+        for i, (spec, fn) in enumerate(zip(self.specs, self.fns)):
+            if not is_batched(fn):
+                continue
+            try:
+                if i not in self._batched:
+                    self._batched[i] = fn(**spec.args)
+                scores = [_as_output(x) for x in self._batched[i](list(trajs))]
+            except Exception as exc:
+                raise DataError(f"reward '{spec.name}' failed: {type(exc).__name__}: {exc}") from exc
+            if len(scores) != len(trajs):
+                raise DataError(
+                    f"reward '{spec.name}' gave {len(scores)} scores for {len(trajs)} trajectories"
+                )
+            out[i] = scores
+        return out
+
     def __call__(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         sums: dict[str, float] = defaultdict(float)
-        for t in trajs:
+        batched = self._score_batched(trajs) if trajs else {}
+        for j, t in enumerate(trajs):
             total, steps = 0.0, [0.0] * len(t.steps)
-            for spec, fn in zip(self.specs, self.fns):
-                try:
-                    out = call_reward(fn, t, spec.args, self.resources)
-                except Exception as exc:
-                    raise DataError(
-                        f"reward '{spec.name}' failed on question {t.example.id}: {type(exc).__name__}: {exc}"
-                    ) from exc
+            for i, (spec, fn) in enumerate(zip(self.specs, self.fns)):
+                if i in batched:
+                    out = batched[i][j]
+                else:
+                    try:
+                        out = call_reward(fn, t, spec.args, self.resources)
+                    except Exception as exc:
+                        raise DataError(
+                            f"reward '{spec.name}' failed on question {t.example.id}: "
+                            f"{type(exc).__name__}: {exc}"
+                        ) from exc
                 total += spec.weight * out.score
                 if out.step_scores:
                     if len(out.step_scores) != len(t.steps):

@@ -9,7 +9,8 @@ naming them as keyword-only parameters, any of:
 - ``docs``: the retrieval corpus as a mapping ``doc id -> Doc`` (built once, on first use).
 
 Its other keyword-only parameters are its ``args``, set in the experiment file and checked against the
-signature. Outcome rewards return a score; process rewards also return one score per step, which the
+signature. A reward may also be a class (a batched reward, e.g. the LLM answer judge): built once with its
+``args``, it is called with the list of a step's trajectories and returns one score or output each. Outcome rewards return a score; process rewards also return one score per step, which the
 masker places at that step's last action token.
 """
 
@@ -54,7 +55,11 @@ def reward_kind(name: str) -> str:
 REWARDS.add_lazy("em", "searchrl.rewards.outcome:em_reward", kind="outcome")
 REWARDS.add_lazy("f1", "searchrl.rewards.outcome:f1_reward", kind="outcome")
 REWARDS.add_lazy("cover_em", "searchrl.rewards.outcome:cover_em_reward", kind="outcome")
+REWARDS.add_lazy("judge", "searchrl.rewards.answer_judge:JudgeReward", kind="outcome")
+REWARDS.add_lazy("gen_acc", "searchrl.rewards.answer_judge:GenAccReward", kind="outcome")
 REWARDS.add_lazy("research", "searchrl.rewards.research:research_reward", kind="outcome")
+REWARDS.add_lazy("action_penalty", "searchrl.rewards.outcome:action_penalty_reward", kind="outcome")
+REWARDS.add_lazy("parallel_search", "searchrl.rewards.outcome:parallel_search_reward", kind="outcome")
 REWARDS.add_lazy("overlong", "searchrl.rewards.outcome:overlong_reward", kind="outcome")
 REWARDS.add_lazy("tool_env", "searchrl.rewards.outcome:tool_env_reward", kind="outcome")
 REWARDS.add_lazy("search_r1_format", "searchrl.rewards.outcome:search_r1_format_reward", kind="outcome")

@@ -141,6 +141,37 @@ def chat_client(
     return _LocalClient(LocalChat.load(model), FailureCounter(service, model, max_failure_rate))
 
 
+def client_from_args(args: dict[str, Any], key: str, service: str) -> Any:
+    """`chat_client` from a config mapping (``backend``, ``model``, ``url``, ``api_key_env``, ``timeout``,
+    ``retries``, ``workers``, ``max_failure_rate``); unknown keys are refused, naming ``key``."""
+    defaults: dict[str, Any] = {
+        "backend": "openai",
+        "model": "",
+        "url": "http://127.0.0.1:8001/v1",
+        "api_key_env": "OPENAI_API_KEY",
+        "timeout": 60.0,
+        "retries": 2,
+        "workers": 8,
+        "max_failure_rate": 0.05,
+    }
+    unknown = sorted(set(args) - set(defaults))
+    if unknown:
+        raise DataError(f"{key}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")
+    a = {**defaults, **args}
+    return chat_client(
+        a["backend"],
+        a["model"],
+        a["url"],
+        a["api_key_env"],
+        float(a["timeout"]),
+        int(a["retries"]),
+        int(a["workers"]),
+        key,
+        float(a["max_failure_rate"]),
+        service,
+    )
+
+
 class _LocalClient:
     """A local model behind the client interface; its requests are counted like an endpoint's (a reply its
     caller cannot use is rejected there)."""
@@ -175,16 +206,18 @@ class LLMSummarizer:
         max_doc_chars: int = 4000,
         max_failure_rate: float = 0.05,
     ) -> None:
-        self.client = chat_client(
-            backend,
-            model,
-            url,
-            api_key_env,
-            timeout,
-            retries,
-            workers,
+        self.client = client_from_args(
+            {
+                "backend": backend,
+                "model": model,
+                "url": url,
+                "api_key_env": api_key_env,
+                "timeout": timeout,
+                "retries": retries,
+                "workers": workers,
+                "max_failure_rate": max_failure_rate,
+            },
             "env.summarizer",
-            max_failure_rate,
             "summarizer",
         )
         self.max_tokens, self.temperature, self.max_doc_chars = max_tokens, temperature, max_doc_chars

@@ -29,6 +29,9 @@ def build_retriever(
             build_retriever(corpus=corpus, **dict(sub)) for sub in args.pop("retrievers", [{"name": "bm25"}])
         ]
         retriever: Retriever = cls(subs, **args)
+    elif name == "simulated":  # ZeroSearch: never cached (a query's documents depend on the step's draw)
+        docs = load_corpus(corpus) if isinstance(corpus, str | Path) else corpus
+        return cls(docs, **args)  # type: ignore[no-any-return]
     elif name == "http" or not hasattr(cls, "load"):
         retriever = cls(**args)
     elif index is not None and Path(index, "index.json").exists():

@@ -8,7 +8,7 @@ from searchrl.app.experiment import check_arguments, load_experiment
 from searchrl.core.config import Experiment, save_resolved
 from searchrl.core.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -61,7 +61,8 @@ def test_unknown_key_names_file_key_and_suggestion(tmp_path):
     msg = str(e.value)
     assert str(f) in msg and "key 'env.topkk': unknown key" in msg
     assert (
-        "valid: agent, call_format, chat_kwargs, doc_format, doc_max_words, max_query_chars" in msg
+        "valid: agent, call_format, chat_kwargs, doc_format, doc_max_words, max_parallel_queries, max_query_chars"
+        in msg
         and "did you mean 'topk'?" in msg
     )
 
