@@ -9,7 +9,6 @@ import importlib
 import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -74,14 +73,11 @@ def test_the_readme_and_examples_import_from_the_public_api():
                 exec(compile(ast.Module([node], []), where, "exec"), {})
 
 
-def test_old_module_paths_still_import_and_name_the_new_one():
-    for old, new in searchrl.MOVED.items():
+def test_the_pre_layer_module_paths_are_gone():
+    """0.1's flat module paths (``searchrl.experiment``, ``searchrl.types``, …) were removed with their import
+    hook; the changelog names where each moved."""
+    for old in ("experiment", "types", "config", "cli", "train", "serving"):
         sys.modules.pop(f"searchrl.{old}", None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(f"searchrl.{old}")
-        assert module is importlib.import_module(new)  # the same module: classes compare equal
-        assert any(new in str(w.message) and w.category is DeprecationWarning for w in caught), old
-    from searchrl.experiment import load_experiment  # as the README of an earlier version showed it
-
-    assert load_experiment is searchrl.load_experiment
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"searchrl.{old}")
+    assert not any(type(f).__module__ == "searchrl" for f in sys.meta_path)  # no import hook of ours

@@ -12,11 +12,7 @@ stays light::
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import logging as _logging
-import sys
-import warnings
 from typing import Any
 
 __version__ = "0.1.0"
@@ -53,68 +49,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_API])
-
-
-# Modules that moved into the layer folders: the old paths, which the README and examples showed, still
-# import (the same module objects), with a DeprecationWarning naming the new path.
-MOVED = {
-    **{
-        m: f"searchrl.core.{m}"
-        for m in (
-            "config",
-            "loader",
-            "registry",
-            "types",
-            "functional",
-            "aggregate",
-            "stats",
-            "answers",
-            "errors",
-            "masking",
-            "serving",
-            "asgi",
-        )
-    },
-    **{
-        m: f"searchrl.app.{m}"
-        for m in (
-            "cli",
-            "plan",
-            "train",
-            "experiment",
-            "rundir",
-            "runtime",
-            "eval",
-            "sweep",
-            "report",
-            "plots",
-            "process_data",
-            "chat_server",
-        )
-    },
-}
-
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``searchrl.OLD`` as the module it moved to."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        old = fullname.removeprefix("searchrl.")
-        if fullname.startswith("searchrl.") and old in MOVED:
-            return importlib.util.spec_from_loader(fullname, self)
-        return None
-
-    def create_module(self, spec: Any) -> Any:
-        new = MOVED[spec.name.removeprefix("searchrl.")]
-        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
-
-    def exec_module(self, module: Any) -> None:
-        pass  # the module it moved to is already executed
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
 
 
 def _not_cpu_fallback_notice(record: _logging.LogRecord) -> bool:

@@ -358,7 +358,7 @@ def test_asynchronous_training_through_the_captured_step(make_exp, agent_model_d
     """GRPO at max_staleness 1 with the worker as a thread or a process, decoding through the captured step
     with prefix sharing: three steps train, every shipped weight reaches the worker's copy (its graphs read
     them in place), and step 1's sampled log-probs equal the trainer's to rounding."""
-    from tests.engine.test_async_rollout import async_trainer, check_shipped_weights
+    from tests.rollout.test_async_rollout import async_trainer, check_shipped_weights
 
     extra = {"worker": "process", "worker_threads": 1} if worker == "process" else {}
     tr = async_trainer(make_exp, agent_model_dir, tmp_path, *FAST, **extra)

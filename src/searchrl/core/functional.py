@@ -111,7 +111,7 @@ def kl_penalty(
 def token_weights(
     mask: torch.Tensor, mode: str, global_tokens: float, global_seqs: float, norm_len: float | None = None
 ) -> torch.Tensor:
-    """Per-token weights w so that loss = Σ w · ℓ aggregates over the *global* batch (DESIGN §4.5).
+    """Per-token weights w so that loss = Σ w · ℓ aggregates over the *global* batch (docs/design.md §4.5).
 
     ``global_tokens``/``global_seqs`` count the mask tokens / sequences across every micro-batch and process
     of the optimizer step, so the result does not depend on how the batch is split.

@@ -1,6 +1,6 @@
 """The one masker: trajectories -> a right-padded `RolloutBatch`.
 
-``loss_mask`` is built from segment kinds, never from pad ids (DESIGN §4.2), and is 0 on a row that is not
+``loss_mask`` is built from segment kinds, never from pad ids (docs/design.md §4.2), and is 0 on a row that is not
 ``trained`` (DAPO's overlong filtering). Sequences longer than
 ``max_len`` are truncated on the right; an action cut by the truncation keeps loss on its surviving tokens,
 and a step whose last token was cut is dropped from the step slots (its reward cannot be placed).

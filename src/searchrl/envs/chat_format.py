@@ -2,7 +2,7 @@
 schemas, the assistant turn opened), and the text that follows an assistant turn that called tools (the
 tool messages, then the next assistant turn opened).
 
-The conversation is never re-rendered (DESIGN §4.11): the tool messages' text is cut out of a rendering of a
+The conversation is never re-rendered (docs/design.md §4.11): the tool messages' text is cut out of a rendering of a
 stand-in conversation, after the stand-in assistant turn's end-of-turn marker, so it is exactly what the
 template writes there, and it is appended after what the model sampled. Templates that rewrite earlier
 assistant turns (Qwen3 drops or re-spaces reasoning, re-serialises tool-call JSON) cannot change the past.

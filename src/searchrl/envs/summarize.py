@@ -2,7 +2,8 @@
 
 The ReSearch agent does not keep the documents its searches returned: each (query, documents) pair of
 its history becomes (query, m), m a short answer to the query drawn from those documents. A summariser
-takes a batch of (question, query, documents) and returns one m each. Chosen by name in ``env.summarizer``:
+takes a batch of (question, query, documents) and returns one m each. Chosen by name in ``env.summarizer``
+(the registry, `searchrl.rollout.summarizers`, sits where the chat models are):
 
 - ``extract`` (default, no model): the ``max_sentences`` document sentences sharing the most (crudely
   stemmed) words with the query, in document order, or `NO_ANSWER` when no sentence shares a word with it.
@@ -15,17 +16,13 @@ takes a batch of (question, query, documents) and returns one m each. Chosen by 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from searchrl.core.answers import normalize_answer
 from searchrl.core.errors import DataError
-from searchrl.core.registry import Registry
 from searchrl.data.corpus import Doc
 
 SummaryItem = tuple[str, str, Sequence[Doc]]  # (question, query, documents)
-SUMMARIZERS: Registry[Callable[..., Any]] = Registry("summarizer")
-SUMMARIZERS.add_lazy("llm", "searchrl.rollout.chat:LLMSummarizer")  # a chat model: the rollout layer
 
 NO_ANSWER = "The documents do not answer this query."
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -50,7 +47,6 @@ def _stems(text: str) -> set[str]:
     return {w[:5] for w in normalize_answer(text).split()}
 
 
-@SUMMARIZERS.register("extract")
 class ExtractiveSummarizer:
     """The ``max_sentences`` document sentences with the largest word overlap with the query."""
 

@@ -25,7 +25,7 @@ class TagSet:
 
     @property
     def stop_strings(self) -> tuple[str, str]:
-        """Generation stops right after either of these (DESIGN §4.4)."""
+        """Generation stops right after either of these (docs/design.md §4.4)."""
         return (self.search_close, self.answer_close)
 
     @property

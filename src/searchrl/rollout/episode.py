@@ -1,6 +1,6 @@
 """One episode's bookkeeping, shared by the turn loop (`searchrl.rollout.loop`) and the per-episode agent
 loop (`searchrl.rollout.agent_loop`): whether an episode acts again, one batched environment step, recording
-a sampled action and its observation into the trajectory (ids and log-probs as sampled, DESIGN §4.1), and
+a sampled action and its observation into the trajectory (ids and log-probs as sampled, docs/design.md §4.1), and
 the rollout statistics."""
 
 from __future__ import annotations

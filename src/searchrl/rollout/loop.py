@@ -2,7 +2,7 @@
 
 Each round generates the next action for every live episode in one batch, steps the `SearchEnv` for all
 of them at once (one batched retrieval), tokenizes each observation once and appends it. Model output is
-decoded only to be parsed; its token ids are kept as sampled (DESIGN §4.1). Episodes can start fresh (G
+decoded only to be parsed; its token ids are kept as sampled (docs/design.md §4.1). Episodes can start fresh (G
 samples per question, GRPO/PPO) or from recorded prefixes, generating k candidates of just the next step
 (SLATE, RAG-Gym). For a re-rendered agent design (``research``, `SearchEnv.append_only` False) each turn
 starts from the rendered state instead; its trajectory then holds only the latest (state, action).

@@ -10,7 +10,7 @@ from searchrl.app.cli import main
 from searchrl.engine.checkpoint import has_weights
 from searchrl.engine.metrics import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_train_pipeline_and_resume(tmp_path, world_dir, tiny_model_dir, capsys):

@@ -10,7 +10,7 @@ import pytest
 from searchrl.app.cli import main
 from searchrl.core.errors import SearchRLError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
 
 

@@ -8,7 +8,7 @@ from searchrl.app.experiment import load_experiment
 from searchrl.app.plan import BASE, WARM, Evaluation, plan
 from searchrl.core.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXP = REPO / "experiments"
 
 

@@ -10,7 +10,7 @@ import pytest
 from searchrl.app.cli import main
 from tests.helpers import eval_teacher
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "data.world.persons=80",
     "data.world.cities=30",

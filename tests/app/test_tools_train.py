@@ -13,7 +13,7 @@ import pytest
 from searchrl.app.cli import main
 from searchrl.engine.metrics import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SYNTH = REPO / "experiments" / "synthetic"
 
 

@@ -16,8 +16,7 @@ from searchrl.core.stats import paired_bootstrap
 from searchrl.engine.samples import KINDS, read_samples, step_file
 from searchrl.engine.trainer import Trainer
 from searchrl.rewards import register_reward
-
-from .helpers import eval_teacher
+from tests.helpers import eval_teacher
 
 
 @register_reward("test_view_length")

@@ -8,7 +8,7 @@ from searchrl.app.experiment import load_experiment
 from searchrl.app.rundir import check_run_dir, claim_run_dir
 from searchrl.core.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _exp(tmp_path, *overrides):

@@ -79,7 +79,7 @@ def test_masked_stats():
     "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"]
 )
 def test_loss_aggregation_independent_of_split(mode):
-    """The global aggregation gives the same loss for any micro-batch split (DESIGN §4.5)."""
+    """The global aggregation gives the same loss for any micro-batch split (docs/design.md §4.5)."""
     torch.manual_seed(1)
     loss = torch.randn(8, 10)
     mask = (torch.rand(8, 10) > 0.4).float()

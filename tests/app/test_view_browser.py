@@ -16,8 +16,7 @@ from searchrl.app.viewer.build import view
 from searchrl.core.config import SamplesConfig, TrainerConfig
 from searchrl.engine.samples import KINDS, read_samples
 from searchrl.engine.trainer import Trainer
-
-from .helpers import eval_teacher, tiny_overrides
+from tests.helpers import eval_teacher, tiny_overrides
 
 pytestmark = pytest.mark.browser
 
