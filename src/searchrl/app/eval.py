@@ -128,6 +128,8 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
         "invalid_action_rate",
         "gold_doc_recall",
     ]
+    # the judge's column only when a judge was asked (`eval.judge`)
+    cols = [c for c in cols if c != "judge_acc" or any("judge_acc" in m for m in rows.values())]
     lines = ["| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, m in rows.items():
         cells = [f"{m[c]:.3f}" if isinstance(m.get(c), float) else str(m.get(c, "")) for c in cols]
