@@ -240,3 +240,85 @@ def test_reinforce_trains_with_groups_of_one():
     GRPOConfig(group_size=1, advantage="reinforce_batch")
     with pytest.raises(ValueError, match="need no group"):
         GRPOConfig(group_size=1, advantage="rloo")
+
+
+# ------------------------------------------------------------------ s3
+class Library:
+    """A retriever over fixed documents: the query's words pick them."""
+
+    DOCS = {
+        "paris": Doc(id="p", title="Paris", text="Paris is the capital of France."),
+        "france": Doc(id="f", title="France", text="France is a country in Europe."),
+        "lyon": Doc(id="l", title="Lyon", text="Lyon is a city."),
+    }
+
+    def search(self, queries, k):
+        return [
+            [d for w, d in self.DOCS.items() if w in q.lower()][:k] or [self.DOCS["lyon"]] for q in queries
+        ]
+
+
+FR = Example(id="fr", question="What is the capital of France?", answers=("Paris",))
+
+
+def searched(actions, ex=FR):
+    env = SearchEnv(Library(), topk=3, max_turns=4)
+    st = env.reset(ex)
+    for a in actions:
+        env.step(st, a)
+    return Trajectory(ex, [Segment("prompt", [1])], state=st)
+
+
+def test_gain_beyond_rag_by_hand_with_the_answer_in_documents_reader():
+    from searchrl.rewards.gbr import GainBeyondRAG, selected_documents
+
+    gbr = GainBeyondRAG(rag_k=1, keep=1)
+    gbr.resources = {"retriever": Library}
+    # D_RAG for the question itself: "france" matches France's document only, which lacks "Paris": Acc 0
+    found = searched(["<search> paris france </search>", "<answer> x </answer>"])
+    assert [d.id for d in selected_documents(found, keep=1, max_docs=9)] == ["p"]
+    missed = searched(["<search> lyon </search>", "<answer> Paris </answer>"])  # its own answer is ignored
+    a, b = gbr([found, missed])
+    assert (a.score, a.metrics["acc_selected"], a.metrics["acc_rag"]) == (1.0, 1.0, 0.0)  # 1 - 0
+    assert (b.score, b.metrics["acc_selected"]) == (0.0, 0.0)  # 0 - 0
+    # keep 2 of each search, no repeats, at most max_docs
+    two = searched(["<search> paris france </search>", "<search> france paris </search>"])
+    assert [d.id for d in selected_documents(two, keep=2, max_docs=9)] == ["p", "f"]
+    assert [d.id for d in selected_documents(two, keep=2, max_docs=1)] == ["p"]
+
+
+def test_gain_beyond_rag_with_a_frozen_generator_and_judge():
+    from searchrl.rewards.gbr import GainBeyondRAG
+
+    class Generator:  # answers "Paris" when Paris's document is among its documents, else "Lyon"
+        def complete(self, convs, max_tokens, temperature):
+            return ["Paris" if "Paris is the capital" in c[-1]["content"] else "Lyon" for c in convs]
+
+    gbr = GainBeyondRAG(rag_k=3, keep=3)
+    gbr.client = Generator()
+    gbr.resources = {"retriever": Library}
+    plain = Example(id="p", question="capital of paris land", answers=("Paris",))  # RAG already finds it
+    found = searched(["<search> paris </search>", "<answer> x </answer>"], ex=plain)
+    [out] = gbr([found])
+    assert (out.score, out.metrics["acc_rag"]) == (0.0, 1.0)  # no gain over what RAG gets: 1 - 1
+    assert gbr.rag_answers([plain, FR]) == [True, False]  # the questions s3 would drop from training
+
+
+def test_gbr_needs_the_runs_retriever():
+    from searchrl.core.errors import DataError
+    from searchrl.rewards.gbr import GainBeyondRAG
+
+    with pytest.raises(DataError, match="needs the run's retriever"):
+        GainBeyondRAG()([searched(["<answer> x </answer>"])])
+
+
+def test_s3_trains_through_the_pipeline(make_exp):
+    from searchrl.core.config import TrainerConfig
+    from searchrl.engine.metrics import read_metrics
+    from tests.engine.test_trainer import trainer_for
+
+    exp = make_exp("rewards=[{name: gbr, args: {rag_k: 1, keep: 1}}]", "env.topk=1")
+    tr = trainer_for(exp, "grpo", TrainerConfig(steps=1, batch_size=2, micro_batch_size=4, save_every=1))
+    tr.run()
+    row = read_metrics(exp.out / "metrics.jsonl")[-1]
+    assert 0.0 <= row["reward/gbr/acc_rag"] <= 1.0 and -1.0 <= row["reward/mean"] <= 1.0

@@ -170,7 +170,10 @@ class Trainer(TrainingStep):
             )
             if hasattr(generator, "start") and not self._worker_process():
                 generator.start()  # an engine's memory is taken now; a worker process has its own engine
-            rewards = RewardPipeline(exp.rewards, {"docs": lambda: {d.id: d for d in rt.corpus}})
+            rewards = RewardPipeline(
+                exp.rewards,
+                {"docs": lambda: {d.id: d for d in rt.corpus}, "retriever": lambda: env.retriever},
+            )
             from searchrl.rollout.loop import check_prompt_room
 
             check_prompt_room(env, self.tokenizer, rt.examples("train"), exp.rollout.max_total_tokens)

@@ -99,6 +99,8 @@ class RewardPipeline:
             try:
                 if i not in self._batched:
                     self._batched[i] = fn(**spec.args)
+                    if hasattr(self._batched[i], "resources"):  # it reads shared resources (the retriever)
+                        self._batched[i].resources = self.resources
                 scores = [_as_output(x) for x in self._batched[i](list(trajs))]
             except Exception as exc:
                 raise DataError(f"reward '{spec.name}' failed: {type(exc).__name__}: {exc}") from exc

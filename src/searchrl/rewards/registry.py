@@ -8,6 +8,9 @@ naming them as keyword-only parameters, any of:
   sub-questions, sub-answers, gold document ids, gold search keys);
 - ``docs``: the retrieval corpus as a mapping ``doc id -> Doc`` (built once, on first use).
 
+A batched reward (a class) with a ``resources`` attribute gets the same resources as zero-argument builders
+by name (``docs``, and ``retriever``: the run's retriever).
+
 Its other keyword-only parameters are its ``args``, set in the experiment file and checked against the
 signature. A reward may also be a class (a batched reward, e.g. the LLM answer judge): built once with its
 ``args``, it is called with the list of a step's trajectories and returns one score or output each. Outcome rewards return a score; process rewards also return one score per step, which the
@@ -57,6 +60,7 @@ REWARDS.add_lazy("f1", "searchrl.rewards.outcome:f1_reward", kind="outcome")
 REWARDS.add_lazy("cover_em", "searchrl.rewards.outcome:cover_em_reward", kind="outcome")
 REWARDS.add_lazy("judge", "searchrl.rewards.answer_judge:JudgeReward", kind="outcome")
 REWARDS.add_lazy("gen_acc", "searchrl.rewards.answer_judge:GenAccReward", kind="outcome")
+REWARDS.add_lazy("gbr", "searchrl.rewards.gbr:GainBeyondRAG", kind="outcome")
 REWARDS.add_lazy("research", "searchrl.rewards.research:research_reward", kind="outcome")
 REWARDS.add_lazy("action_penalty", "searchrl.rewards.outcome:action_penalty_reward", kind="outcome")
 REWARDS.add_lazy("parallel_search", "searchrl.rewards.outcome:parallel_search_reward", kind="outcome")
