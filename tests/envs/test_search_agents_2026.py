@@ -243,19 +243,18 @@ def test_reinforce_trains_with_groups_of_one():
 
 
 # ------------------------------------------------------------------ s3
+LIBRARY = {
+    "paris": Doc(id="p", title="Paris", text="Paris is the capital of France."),
+    "france": Doc(id="f", title="France", text="France is a country in Europe."),
+    "lyon": Doc(id="l", title="Lyon", text="Lyon is a city."),
+}
+
+
 class Library:
     """A retriever over fixed documents: the query's words pick them."""
 
-    DOCS = {
-        "paris": Doc(id="p", title="Paris", text="Paris is the capital of France."),
-        "france": Doc(id="f", title="France", text="France is a country in Europe."),
-        "lyon": Doc(id="l", title="Lyon", text="Lyon is a city."),
-    }
-
     def search(self, queries, k):
-        return [
-            [d for w, d in self.DOCS.items() if w in q.lower()][:k] or [self.DOCS["lyon"]] for q in queries
-        ]
+        return [[d for w, d in LIBRARY.items() if w in q.lower()][:k] or [LIBRARY["lyon"]] for q in queries]
 
 
 FR = Example(id="fr", question="What is the capital of France?", answers=("Paris",))
