@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.app.cli import main
-from searchrl.core.errors import SearchRLError
+from searchrl.core.errors import ConfigError, SearchRLError
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
@@ -426,3 +426,17 @@ def test_an_index_directory_that_is_not_an_index_is_named(tmp_path, capsys):
         str(empty),
         "not an index directory",
     )
+
+
+def test_validate_counts_the_longest_prompt_against_the_budget(make_exp, capsys):
+    """`validate` refuses a rollout.max_total_tokens the longest training prompt fills, as `train` would,
+    when a local tokenizer and the questions are at hand; otherwise it says why it could not count (-v)."""
+    from searchrl.app.experiment import check_prompt_budget
+
+    grpo = "algorithm={name: grpo, group_size: 2}"
+    assert check_prompt_budget(make_exp(grpo), "exp.yaml") is None  # counted, and it fits
+    with pytest.raises(ConfigError, match=r"exp.yaml: key 'rollout.max_total_tokens': leaves no room to act"):
+        check_prompt_budget(make_exp(grpo, "rollout.max_total_tokens=5"), "exp.yaml")
+    assert "no training stage" in check_prompt_budget(make_exp(), "exp.yaml")
+    hub = make_exp(grpo, "model.path=Qwen/Qwen2.5-3B")
+    assert "no local model directory" in check_prompt_budget(hub, "exp.yaml")

@@ -69,6 +69,9 @@ def _add_validate(sub: Any) -> None:
     v.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to each file"
     )
+    v.add_argument(
+        "-v", "--verbose", action="store_true", help="also say which checks could not run, and why"
+    )
     v.set_defaults(fn=commands.cmd_validate)
 
 

@@ -34,7 +34,7 @@ def cmd_world(args: argparse.Namespace) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
-    from searchrl.app.experiment import check_arguments, check_paths, load_experiment
+    from searchrl.app.experiment import check_arguments, check_paths, check_prompt_budget, load_experiment
 
     # `validate FILE key=value ...` as `train FILE key=value ...`: a word with "=" that is no file is an override
     files = [f for f in args.files if "=" not in f or Path(f).exists()]
@@ -47,7 +47,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
             exp = load_experiment(f, overrides)
             check_arguments(exp, f)
             check_paths(exp, f)
-            print(f"ok      {f}")
+            unchecked = check_prompt_budget(exp, f)
+            print(f"ok      {f}" + (f"  (prompt budget: {unchecked})" if unchecked and args.verbose else ""))
         except SearchRLError as exc:
             failed += 1
             print(f"invalid {exc}", file=sys.stderr)

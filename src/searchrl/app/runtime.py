@@ -250,6 +250,15 @@ def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -
 TOOLS_EXTRA_VOCAB = 1024
 
 
+def local_model_path(rt: Runtime) -> Path:
+    """Where the local model of `model.size` for this experiment's world is built (`local_model_dir`)."""
+    m = rt.exp.model
+    tools = rt.exp.env.protocol == "tools" and m.tokenizer == "local"
+    name = f"model-{m.size}" + (f"-{m.layers}layers" if m.layers is not None else "")
+    name = name if m.tokenizer == "local" else f"{name}-{m.tokenizer}"
+    return rt.world_dir / (f"{name}-tools" if tools else name)
+
+
 def local_model_dir(rt: Runtime) -> Path:
     """Build (once) the local model of `model.size` for this experiment's world, and return its path."""
     from searchrl.engine.checkpoint import has_weights
@@ -261,9 +270,7 @@ def local_model_dir(rt: Runtime) -> Path:
     if rt.world is None:
         raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
     tools = rt.exp.env.protocol == "tools" and m.tokenizer == "local"
-    name = f"model-{m.size}" + (f"-{m.layers}layers" if m.layers is not None else "")
-    name = name if m.tokenizer == "local" else f"{name}-{m.tokenizer}"
-    out = rt.world_dir / (f"{name}-tools" if tools else name)
+    out = local_model_path(rt)
     if not has_weights(out):
         texts: list[str] = []
         template = None
