@@ -277,7 +277,7 @@ def test_offline_rows_are_saved_one_group_each(make_exp, small_world):
 def test_the_viewer_shows_an_evaluation_on_a_dataset_file(tmp_path, fixtures, tiny_model_dir, capsys):
     """`searchrl eval --data hotpotqa=QUESTIONS,CORPUS` then `searchrl view` on its directory: the RAG agent's
     own retrieval shows on the prompt, with the documents HotpotQA names as supporting marked gold."""
-    from .helpers import QUICKSTART
+    from tests.helpers import QUICKSTART
 
     out = tmp_path / "run"
     data = f"hotpotqa={fixtures / 'hotpotqa.json'},{fixtures / 'hotpotqa_corpus.json'}"
