@@ -166,9 +166,7 @@ def check_prompt_budget(exp: Experiment, source: str = "<config>") -> str | None
     try:
         check_prompt_room(rt.env(), rt.model_tokenizer[1], rt.examples("train"), exp.rollout.max_total_tokens)
     except ConfigError as exc:
-        raise ConfigError(
-            exc.problem, file=source, key=exc.key, value=exc.value, hint=str(exc).split("hint: ")[-1]
-        ) from None
+        raise ConfigError(exc.problem, file=source, key=exc.key, value=exc.value, hint=exc.hint) from None
     return None
 
 

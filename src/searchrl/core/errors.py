@@ -32,7 +32,7 @@ class ConfigError(SearchRLError, ValueError):
         choices: Iterable[str] | None = None,
         hint: str | None = None,
     ) -> None:
-        self.problem, self.file, self.key, self.value = problem, file, key, value
+        self.problem, self.file, self.key, self.value, self.hint = problem, file, key, value, hint
         self.choices = sorted(choices) if choices is not None else None
         parts = [f"{file or '<config>'}: " + (f"key '{key}': " if key else "") + problem]
         if value is not None:
