@@ -61,7 +61,7 @@ def test_unknown_key_names_file_key_and_suggestion(tmp_path):
     msg = str(e.value)
     assert str(f) in msg and "key 'env.topkk': unknown key" in msg
     assert (
-        "valid: agent, call_format, chat_kwargs, doc_format, doc_max_words, max_parallel_queries, max_query_chars"
+        "valid: agent, call_format, chat_kwargs, context, doc_format, doc_max_words, max_parallel_queries, max_query_chars"
         in msg
         and "did you mean 'topk'?" in msg
     )

@@ -1,5 +1,6 @@
 import torch
 
+from searchrl.core.types import Segment
 from searchrl.envs.search import SearchEnv
 from searchrl.models import load_model_and_tokenizer
 from searchrl.rollout.generator import Generation, SamplingParams
@@ -90,3 +91,30 @@ def test_garbage_overlong_and_empty_outputs_never_crash(tiny_model_dir, world_bm
         run(trajs, env, ScriptedGenerator(tok, actions), tok, SamplingParams(), max_total_tokens=300)
         assert all(t.state.done for t in trajs)
         assert all(t.finish_reason in ("answer", "eos", "length", "budget") for t in trajs)
+
+
+def test_an_episode_near_its_cap_does_not_cut_the_others_actions(tiny_model_dir, world_bm25, small_world):
+    """One batch shares one token budget: the episodes with room for a whole action generate under
+    max_new_tokens, those near the cap in a second batch under their own room."""
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    env = SearchEnv(world_bm25, template="short", topk=1, max_turns=3)
+    ex = small_world.examples("train")[:2]
+    budgets = []
+
+    class Recording:
+        def release(self, cache_keys=None):
+            pass
+
+        def generate(self, prompts, params, cache_keys=None):
+            budgets.append((len(prompts), params.max_new_tokens))
+            ids = encode(tok, "<answer> x </answer>")[: params.max_new_tokens]
+            return [Generation(ids, [-0.1] * len(ids), "stop") for _ in prompts]
+
+    trajs = start_trajectories(env, tok, ex)
+    pad = encode(tok, " x")[0]
+    trajs[0].segments.append(
+        Segment("observation", [pad] * (96 - len(trajs[0])))
+    )  # 4 tokens of room under 100
+    run(trajs, env, Recording(), tok, SamplingParams(max_new_tokens=16), max_total_tokens=100)
+    assert sorted(budgets) == [(1, 4), (1, 16)]
+    assert trajs[1].answer == "x" and trajs[1].finish_reason == "answer"

@@ -74,6 +74,44 @@ def reward_to_go(token_reward: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return gae(token_reward, torch.zeros_like(token_reward), mask, gamma=1.0, lam=1.0)[0]
 
 
+# the estimators whose advantage is one number per episode, broadcast to its tokens: those `per_episode` takes
+SEQUENCE_LEVEL = ("grpo", "rloo", "reinforce", "reinforce_batch", "reinforce_baseline")
+
+
+def per_episode(
+    estimator: Callable[[AdvantageInput], torch.Tensor], x: AdvantageInput, episode_ids: torch.Tensor
+) -> torch.Tensor:
+    """A sequence-level estimator over *episodes* when an episode spans several rows (its folded contexts,
+    `envs.context`): group baselines, batch means and counts see each episode once (with the KL penalty of all
+    its rows when the KL is in the reward), and every row of an episode gets its advantage. Rows with
+    ``episode_ids`` −1 are episodes of their own; rows that belong to no episode (the trainer's padding rows:
+    negative group ids) get 0 and are not counted. (B, T), 0 off the loss mask."""
+    ep = episode_ids.long()
+    real = x.group_ids >= 0
+    key = torch.where(
+        ep >= 0, ep, -1 - torch.arange(len(ep), device=ep.device)
+    )  # lone rows: keys of their own
+    keys = torch.unique(key[real])
+    if not len(keys):
+        return torch.zeros_like(x.loss_mask)
+    row_to_ep = torch.searchsorted(keys, key.clamp(max=int(keys.max())))  # (B,); meaningless on unreal rows
+    first = torch.full((len(keys),), len(ep), dtype=torch.long, device=ep.device)
+    rows = torch.arange(len(ep), device=ep.device)
+    first = first.scatter_reduce(0, row_to_ep[real], rows[real], reduce="amin")
+    trained = torch.zeros(len(keys), device=ep.device).index_add(
+        0, row_to_ep[real], x.loss_mask[real].sum(-1)
+    )
+    kl = None
+    if x.kl is not None:
+        per_row = (x.kl * x.loss_mask).sum(-1)
+        kl = torch.zeros(len(keys), device=ep.device).index_add(0, row_to_ep[real], per_row[real])[:, None]
+    mask = (trained > 0).float()[:, None]
+    sub = AdvantageInput(x.rewards[first], x.group_ids[first], mask, kl, x.cfg, x.sum_all)
+    adv = estimator(sub)[:, 0]  # (E,): each episode's advantage (0 where it has no loss tokens)
+    out = adv[row_to_ep] * real.float()
+    return broadcast_to_tokens(out, x.loss_mask)
+
+
 # ------------------------------------------------------------------------------ the registered estimators
 
 

@@ -17,11 +17,12 @@ import torch
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
 from searchrl.algorithms.correction import RolloutCorrection
 from searchrl.algorithms.dapo import DynamicSampling, dynamic_collect, mask_truncated
-from searchrl.algorithms.estimators import AdvantageInput
+from searchrl.algorithms.estimators import AdvantageInput, per_episode
 from searchrl.algorithms.losses import check_clip, check_stabilisers
 from searchrl.algorithms.policy_losses import batch_policy_loss, check_policy_loss
 from searchrl.core.aggregate import Mean, Sum
 from searchrl.core.types import RolloutBatch, Trajectory
+from searchrl.envs.context import unfold
 
 if TYPE_CHECKING:
     from searchrl.core.config import EnvConfig
@@ -94,8 +95,11 @@ class GRPO(Algorithm):
 
     @classmethod
     def requires(cls, config: GRPOConfig, env: EnvConfig) -> Requirements:
+        segments = (
+            env.context.max_segments if env.context is not None else 1
+        )  # rows per episode (`envs.context`)
         return Requirements(
-            samples_per_item=config.group_size,
+            samples_per_item=config.group_size * segments,
             reference=config.kl_coef > 0,
             old_in_prepare=config.kl_in == "reward" and config.kl_coef > 0,
         )
@@ -106,7 +110,8 @@ class GRPO(Algorithm):
 
     def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         """G episodes per question (`Algorithm.collect`); with DAPO's dynamic sampling, only groups whose
-        rewards differ, resampling questions; with ``mask_truncated``, cut-off episodes out of the loss."""
+        rewards differ, resampling questions; with ``mask_truncated``, cut-off episodes out of the loss; with
+        ``env.context``, each folded episode as one row per context (`envs.context.unfold`)."""
         ds = self.cfg.dynamic_sampling
         if ds.enabled:
             rng = random.Random(f"dapo:{self.step}:{indices}")  # a str seed is hashed stably (sha512)
@@ -116,6 +121,8 @@ class GRPO(Algorithm):
             trajs, metrics = super().collect(indices)
         if self.cfg.mask_truncated:
             metrics["dapo/truncated_masked"] = Sum(mask_truncated(trajs))
+        if getattr(self.ctx.env, "context", None) is not None:  # folded episodes: one row per context
+            trajs = unfold(trajs)
         return trajs, metrics
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
@@ -133,7 +140,10 @@ class GRPO(Algorithm):
             kl = self.kl_coef * kl
         sum_all = self.ctx.sum_all if self.ctx is not None else float  # one process: the batch is global
         x = AdvantageInput(batch.rewards, batch.group_ids, batch.loss_mask, kl, self.cfg, sum_all)
-        batch.extras["advantages"] = ADVANTAGES.get(self.cfg.advantage)(x) * batch.loss_mask
+        estimator = ADVANTAGES.get(self.cfg.advantage)
+        episodes = batch.extras.get("episode_ids")  # folded episodes: baselines over episodes, not rows
+        adv = estimator(x) if episodes is None else per_episode(estimator, x, episodes)
+        batch.extras["advantages"] = adv * batch.loss_mask
         return metrics
 
     def loss(

@@ -2,7 +2,7 @@
 experiment file with its type, default, range and help text, so that neither is written twice by hand.
 
 The help text is the comment written next to the field in the schema's source (the line before it, or the
-end of its line); ranges come from the schema's checks (`searchrl.core.config.RANGES`). The documentation
+end of its line); ranges come from the fields' own checks (`searchrl.core.config.ranged`). The documentation
 site builds its "Configuration" page from `markdown` (docs/hooks/config_reference.py);
 ``searchrl config-reference`` prints it.
 """
@@ -86,17 +86,14 @@ def _default(f: dataclasses.Field) -> str:
 
 def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
     """(key, type, default, range, help) for every field of ``cls`` and of its nested sections."""
-    from searchrl.core.config import RANGES
-
     hints = typing.get_type_hints(cls)
     helps = _comments(cls)
-    ranges = RANGES.get(cls.__name__, {})
     out: list[tuple[str, str, str, str, str]] = []
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         t = hints.get(f.name, f.type)
         nested = [a for a in (t, *typing.get_args(t)) if dataclasses.is_dataclass(a)]
-        rng = ranges[f.name][1] if f.name in ranges else ""
+        rng = f.metadata["range"][1] if "range" in f.metadata else ""
         choices = f.metadata.get("choices") or f.metadata.get("registry")
         if choices:
             rng = f"a registered name ({choices})" + (f"; {rng}" if rng else "")

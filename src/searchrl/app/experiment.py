@@ -218,6 +218,8 @@ def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
                 choices=[a for a in AGENTS if a not in RERENDERED_AGENTS],
                 hint="train the research agent with sft, dpo or prm on process data (RAG-Gym)",
             )
+        if training and req.online:
+            _check_context_algorithm(exp, conf, source)
         if training and exp.trainer.async_rollout.max_staleness:  # refused before any stage runs
             resamples = getattr(getattr(conf, "dynamic_sampling", None), "enabled", False)
             _check_async(exp, req.online, not algo.episodic, resamples, source)
@@ -231,6 +233,78 @@ def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
                 choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
                 hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only",
             )
+
+
+def _check_context(exp: Experiment, source: str) -> None:
+    """``env.context`` (long horizons, `envs.context`): a budget below the episode's, the react design, and
+    the summarizer's arguments."""
+    c = exp.env.context
+    if c is None:
+        return
+    if not 0 < c.max_tokens < exp.rollout.max_total_tokens:
+        raise ConfigError(
+            "the context is folded when it holds this many tokens: it must be positive and below "
+            f"rollout.max_total_tokens ({exp.rollout.max_total_tokens}), which leaves the room for the last action "
+            "and observation",
+            file=source,
+            key="env.context.max_tokens",
+            value=c.max_tokens,
+            hint=f"e.g. {max(1, exp.rollout.max_total_tokens - 2 * exp.rollout.max_new_tokens)} "
+            "(max_total_tokens minus room for an action and its documents)",
+        )
+    for key, value in (("max_segments", c.max_segments), ("summary_max_tokens", c.summary_max_tokens)):
+        if value is not None and value < 1:
+            raise ConfigError("must be at least 1", file=source, key=f"env.context.{key}", value=value)
+    if exp.env.agent != "react":
+        raise ConfigError(
+            "folding summarises the searches of an agent that searches in turns (react)",
+            file=source,
+            key="env.agent",
+            value=exp.env.agent,
+            choices=["react"],
+            hint="set env.context: null for this agent design",
+        )
+    from searchrl.rollout.summarizers import SUMMARIZERS
+
+    fn = SUMMARIZERS.get(c.summarizer.name)
+    check_kwargs(
+        fn, c.summarizer.args, source, "env.context.summarizer.args", f"summarizer '{c.summarizer.name}'"
+    )
+
+
+def _check_context_algorithm(exp: Experiment, conf: Any, source: str) -> None:
+    """Folded episodes train as several rows sharing the episode's outcome: GRPO's sequence-level estimators
+    (group baselines over episodes) and synchronous rollouts."""
+    from searchrl.algorithms.estimators import SEQUENCE_LEVEL
+
+    if exp.env.context is None or exp.algorithm is None:
+        return
+    if exp.algorithm.name != "grpo":
+        raise ConfigError(
+            f"a folded episode trains as several rows that share its outcome; '{exp.algorithm.name}' places "
+            "values, step rewards or per-step candidates on one sequence per episode",
+            file=source,
+            key="env.context",
+            value=exp.algorithm.name,
+            choices=["grpo"],
+            hint="train with algorithm grpo (any of its sequence-level advantages), or set env.context: null",
+        )
+    if conf.advantage not in SEQUENCE_LEVEL:
+        raise ConfigError(
+            "a folded episode's rows share one advantage per episode: the estimator must be sequence-level",
+            file=source,
+            key="algorithm.advantage",
+            value=conf.advantage,
+            choices=list(SEQUENCE_LEVEL),
+        )
+    if exp.trainer.async_rollout.max_staleness:
+        raise ConfigError(
+            "folding runs in the synchronous rollout (the asynchronous worker's rows are whole episodes)",
+            file=source,
+            key="trainer.async_rollout.max_staleness",
+            value=exp.trainer.async_rollout.max_staleness,
+            choices=["0"],
+        )
 
 
 def _check_tool_protocol(exp: Experiment, source: str) -> None:
@@ -267,6 +341,7 @@ def _check_env_arguments(exp: Experiment, source: str) -> None:
     from searchrl.envs.retrievers import retriever_arguments
 
     _check_tool_protocol(exp, source)
+    _check_context(exp, source)
     known = retriever_arguments(exp.env.retriever.name)
     for arg in exp.env.retriever.args:
         if known is not None and arg not in known:

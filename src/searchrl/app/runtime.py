@@ -109,7 +109,7 @@ class Runtime:
         if e.protocol == "tools":
             return self.tool_env(chat_format)
         chat = self.chat_format if e.template in CHAT_TEMPLATES else None
-        return SearchEnv(
+        env = SearchEnv(
             self.retriever,
             tags=e.tags,
             template=e.template,
@@ -125,6 +125,8 @@ class Runtime:
             query_separator=e.query_separator,
             max_parallel_queries=e.max_parallel_queries,
         )
+        env.context = self.context_folder
+        return env
 
     def tool_env(self, chat_format: Any = None) -> SearchEnv:
         from searchrl.envs.tool_env import ToolEnv
@@ -147,7 +149,20 @@ class Runtime:
             call_format=e.call_format,
         )
         env.set_tools(build_tools(e.tools, env, self.mcp_connections))
+        env.context = self.context_folder
         return env
+
+    @cached_property
+    def context_folder(self) -> Any:
+        """Long horizons (``env.context``, `envs.context`): the folder of full contexts, or None."""
+        from searchrl.envs.context import ContextFolder
+        from searchrl.rollout.summarizers import SUMMARIZERS
+
+        c = self.exp.env.context
+        if c is None:
+            return None
+        summarizer = SUMMARIZERS.get(c.summarizer.name)(**c.summarizer.args)
+        return ContextFolder(c.max_tokens, c.max_segments, c.summary_max_tokens, c.header, summarizer)
 
     @cached_property
     def mcp_connections(self) -> dict[str, Any]:

@@ -24,30 +24,45 @@ from searchrl.core.errors import ConfigError, DataError
 
 # ---------------------------------------------------------------------------------------------- sections
 
+# Value ranges, on the fields themselves (``ranged``): checked wherever a section is read (files, overrides,
+# `searchrl validate`, every command) and listed by the configuration reference (docs/reference/config.md).
+Range = tuple[Callable[[Any], bool], str]
+AT_LEAST_1: Range = (lambda v: v >= 1, "at least 1")
+AT_LEAST_0: Range = (lambda v: v >= 0, "at least 0")
+POSITIVE: Range = (lambda v: v > 0, "greater than 0")
+AT_LEAST_ONE_NAME: Range = (lambda v: v >= 1, "at least 1 (names invented per entity)")
+PROBABILITY_BELOW_1: Range = (lambda v: 0 <= v < 1, "in [0, 1)")
+UNIT_INTERVAL: Range = (lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def ranged(default: Any, check: Range) -> Any:
+    """A field with ``default`` whose values must pass ``check`` (a predicate and how the error says it)."""
+    return field(default=default, metadata={"range": check})
+
 
 @dataclass(frozen=True)
 class WorldConfig:
     """Size and difficulty of a synthetic world. Defaults generate in about a second."""
 
     seed: int = 0
-    persons: int = 360
-    cities: int = 120
-    countries: int = 12
-    films: int = 160
-    companies: int = 100
-    universities: int = 40
-    bands: int = 80
+    persons: int = ranged(360, AT_LEAST_0)
+    cities: int = ranged(120, AT_LEAST_0)
+    countries: int = ranged(12, AT_LEAST_0)
+    films: int = ranged(160, AT_LEAST_0)
+    companies: int = ranged(100, AT_LEAST_0)
+    universities: int = ranged(40, AT_LEAST_0)
+    bands: int = ranged(80, AT_LEAST_0)
     split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # train, dev, test entities
     questions: tuple[int, int, int] = (4000, 200, 500)  # train, dev, test
     hop_weights: tuple[float, ...] = (0.25, 0.35, 0.25, 0.15)  # P(1 hop), ..., P(4 hops)
-    distractors_per_doc: int = 2  # sentences that name other entities in unrelated roles
-    inverse_mentions: int = (
-        3  # object documents list up to this many subjects ("People born in X include ...")
-    )
-    name_pool_factor: float = 3.0  # names invented per entity: the extra ones are used for renaming
+    distractors_per_doc: int = ranged(2, AT_LEAST_0)  # sentences that name other entities in unrelated roles
+    # object documents list up to this many subjects ("People born in X include ...")
+    inverse_mentions: int = ranged(3, AT_LEAST_0)
+    # names invented per entity: the extra ones are used for renaming
+    name_pool_factor: float = ranged(3.0, AT_LEAST_ONE_NAME)
     # fact sentences per relation that documents use (the first n of schema.RELATIONS' phrasings, which
     # name the subject first); null: all of them. 1 makes reading an answer off a document a fixed pattern
-    phrasings: int | None = None
+    phrasings: int | None = ranged(None, AT_LEAST_1)
 
     def count(self, kind: str) -> int:
         return {
@@ -95,7 +110,7 @@ class DataConfig:
     dev: str | None = None
     test: str | None = None
     corpus: str | None = None  # retrieval corpus for the other sources
-    limit: int | None = None  # keep the first N questions of each split
+    limit: int | None = ranged(None, AT_LEAST_1)  # keep the first N questions of each split
 
 
 @dataclass(frozen=True)
@@ -103,7 +118,7 @@ class RetrieverConfig:
     name: str = field(default="bm25", metadata={"registry": "retrievers"})
     corpus: str | None = None  # default: the data section's corpus (the world's for synthetic)
     index: str | None = None  # a saved index directory (`searchrl index`); built and saved there if missing
-    cache: int = 100_000  # LRU entries; 0 turns the cache off
+    cache: int = ranged(100_000, AT_LEAST_0)  # LRU entries; 0 turns the cache off
     args: dict[str, Any] = field(default_factory=dict)  # passed to the retriever's constructor
 
 
@@ -111,6 +126,27 @@ class RetrieverConfig:
 class SummarizerConfig:
     name: str = field(default="extract", metadata={"registry": "summarizers"})
     args: dict[str, Any] = field(default_factory=dict)  # passed to the summarizer's constructor
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """Long horizons under a fixed context (``env.context``; ReSum, AgentFold; docs/algorithms/long_horizons.md):
+    before an action, an episode whose context holds ``max_tokens`` or more is folded: its searches so far are
+    summarised and it goes on from the question and that summary. Each context becomes its own training row
+    (append-only in its own ids), all given the episode's outcome; group baselines count episodes."""
+
+    # fold before an action once the context holds this many tokens (below rollout.max_total_tokens)
+    max_tokens: int = field(metadata={"range": AT_LEAST_1})
+    # training rows one episode may make (its contexts); at the last one the episode runs on to
+    # rollout.max_total_tokens and ends there ("length"). Each row is padded for on every process, every step
+    max_segments: int = ranged(4, AT_LEAST_1)
+    # the summary's budget in tokens (its oldest searches are dropped to fit); null: half of what is left of
+    # max_tokens after the prompt
+    summary_max_tokens: int | None = ranged(None, AT_LEAST_1)
+    header: str = "Summary of the searches so far:"  # the summary's first line
+    # how each search (query, documents) becomes a line of the summary (`envs/summarize.py`): extract (no model)
+    # or llm (an untuned chat model, RAG-Gym's Figure 7 prompt)
+    summarizer: SummarizerConfig = field(default_factory=SummarizerConfig)
 
 
 @dataclass(frozen=True)
@@ -131,15 +167,15 @@ class EnvConfig:
     # the prompt: short, search_r1, research (plain text, for base models), or search_r1_instruct,
     # research_instruct, short_chat (through the tokenizer's chat template, for instruct models)
     template: str = field(default="short", metadata={"choices": "templates"})
-    topk: int = 3
-    max_turns: int = 4  # non-answer actions per episode before the answer is forced
-    max_query_chars: int = 256
+    topk: int = ranged(3, AT_LEAST_1)
+    max_turns: int = ranged(4, AT_LEAST_1)  # non-answer actions per episode before the answer is forced
+    max_query_chars: int = ranged(256, AT_LEAST_1)
     # tags: a search may hold several queries split by this string (ParallelSearch, arXiv 2508.09303), e.g.
     # "##"; each is retrieved (one batch) and its documents shown under it. null: one query per search
     query_separator: str | None = None
     max_parallel_queries: int = 4  # with query_separator: more queries in one search make it invalid
     on_budget: Literal["force_answer", "end"] = "force_answer"
-    doc_max_words: int | None = None
+    doc_max_words: int | None = ranged(None, AT_LEAST_1)
     # how documents are written into observations: search_r1 "Doc 1(Title: t) text" (Search-R1, ReSearch,
     # FlashRAG) or stepsearch "Doc 1<## Title: t ##> text" (StepSearch's public code parses this one)
     doc_format: Literal["search_r1", "stepsearch"] = "search_r1"
@@ -158,20 +194,23 @@ class EnvConfig:
     max_tool_calls: int = 4  # protocol tools: calls one assistant turn may make
     # protocol tools: each tool response cut to this many characters (verl's max_tool_response_length; null: no
     # cap), on this side: right keeps the start, left the end, middle both ends
-    tool_response_max_chars: int | None = 8192
+    tool_response_max_chars: int | None = ranged(8192, AT_LEAST_1)
     tool_response_truncate: Literal["right", "left", "middle"] = "right"
     # protocol tools: how the model writes its calls (envs/call_formats.py): auto (read from the chat template),
     # hermes (<tool_call> JSON: Qwen2.5, Qwen3), qwen3_coder (<function=…><parameter=…>), llama3_json
     call_format: Literal["auto", "hermes", "qwen3_coder", "llama3_json"] = "auto"
     # protocol tools: passed to the chat template, e.g. {enable_thinking: false} for Qwen3
     chat_kwargs: dict[str, Any] = field(default_factory=dict)
+    # long horizons: fold an episode's history into a summary when its context passes a budget (ContextConfig);
+    # null: an episode that fills rollout.max_total_tokens ends there ("length")
+    context: ContextConfig | None = None
 
 
 @dataclass(frozen=True)
 class LoraConfig:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
+    r: int = ranged(16, AT_LEAST_1)
+    alpha: int = ranged(32, POSITIVE)
+    dropout: float = ranged(0.0, PROBABILITY_BELOW_1)
     target_modules: tuple[str, ...] = (
         "q_proj",
         "k_proj",
@@ -187,7 +226,8 @@ class LoraConfig:
 class ModelConfig:
     path: str | None = None  # local directory or hub id; None builds the local `size` model
     size: Literal["tiny", "small", "base", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"] = "small"
-    layers: int | None = None  # the local model's transformer layers; None: the size's own
+    # the local model's transformer layers; None: the size's own
+    layers: int | None = ranged(None, AT_LEAST_1)
     # the local model's tokenizer: "local" is trained on the synthetic world (every tag one special token);
     # "qwen2.5" is Qwen2.5's real vocabulary (tags are text), from the qwen extra
     tokenizer: Literal["local", "qwen2.5", "qwen3"] = "local"
@@ -218,11 +258,12 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     backend: str = field(default="hf", metadata={"registry": "generators"})
-    temperature: float = 1.0  # ReSearch Table 4; also divides the logits of the training log-probs
-    top_p: float = 1.0
-    max_new_tokens: int = 128  # per action (generation stops earlier at a stop tag)
-    max_total_tokens: int = 2048  # whole trajectory: prompt + actions + observations
-    batch_size: int = 64  # sequences per generation call (rows of the continuous batch)
+    # ReSearch Table 4; also divides the logits of the training log-probs
+    temperature: float = ranged(1.0, AT_LEAST_0)
+    top_p: float = ranged(1.0, UNIT_INTERVAL)
+    max_new_tokens: int = ranged(128, AT_LEAST_1)  # per action (generation stops earlier at a stop tag)
+    max_total_tokens: int = ranged(2048, AT_LEAST_1)  # whole trajectory: prompt + actions + observations
+    batch_size: int = ranged(64, AT_LEAST_1)  # sequences per generation call (rows of the continuous batch)
     # episode: each episode advances on its own through a continuous batch (an action that ends goes to the
     # environment, its next action joins the batch while others decode); turn: one batched generation per turn
     loop: Literal["episode", "turn"] = "episode"
@@ -248,9 +289,9 @@ class GuardConfig:
     metric: str
     min: float | None = None
     max: float | None = None
-    max_drop: float | None = None
-    window: int = 3
-    after: int = 0  # steps before the monitor is armed (a warm-up)
+    max_drop: float | None = ranged(None, POSITIVE)
+    window: int = ranged(3, AT_LEAST_1)
+    after: int = ranged(0, AT_LEAST_0)  # steps before the monitor is armed (a warm-up)
 
     def __post_init__(self) -> None:
         if self.min is None and self.max is None and self.max_drop is None:
@@ -267,8 +308,9 @@ class GuardsConfig:
 
     monitors: tuple[GuardConfig, ...] = ()
     on_trip: Literal["stop", "rollback"] = "stop"
-    lr_scale: float = 0.5  # rollback: the learning rate is multiplied by this at every trip
-    max_rollbacks: int = 2  # rollback: trips beyond this many stop the run
+    # rollback: the learning rate is multiplied by this at every trip
+    lr_scale: float = ranged(0.5, UNIT_INTERVAL)
+    max_rollbacks: int = ranged(2, AT_LEAST_0)  # rollback: trips beyond this many stop the run
 
 
 @dataclass(frozen=True)
@@ -276,13 +318,15 @@ class AsyncRolloutConfig:
     """Asynchronous rollouts (``trainer.async_rollout``): a worker samples the next steps' episodes while the
     trainer trains; step i trains on tokens sampled by policy versions ≥ i − max_staleness."""
 
-    max_staleness: int = 0  # 0: synchronous (on-policy, today's trainer); 1: one step off; k: up to k behind
+    # 0: synchronous (on-policy, today's trainer); 1: one step off; k: up to k behind
+    max_staleness: int = ranged(0, AT_LEAST_0)
     # where the rollout worker runs (`rollout.worker_process`): "thread", beside the trainer in its process (HF:
     # on a copy of the policy; vLLM: on the process's engine); "process", a process of its own (its own copy,
     # environment and torch threads, no interpreter lock shared with the trainer; vLLM: its own engine, loaded
     # from that copy), the weights shipped through shared memory.
     worker: Literal["thread", "process"] = "thread"
-    worker_threads: int | None = None  # torch threads of a worker process; None: torch's default for it
+    # torch threads of a worker process; None: torch's default for it
+    worker_threads: int | None = ranged(None, AT_LEAST_1)
     worker_cpus: tuple[int, ...] = ()  # cores a worker process is pinned to (Linux); empty: the trainer's
     # a worker process that dies (killed, out of memory, a native crash) is started again this many times,
     # re-sampling the steps it had in flight, before the run stops (logged: async/worker_restarts)
@@ -294,36 +338,38 @@ class SamplesConfig:
     """What each step trained on, saved for `searchrl view` (``trainer.samples``, `engine.samples`): token ids,
     loss mask, behaviour / π_old / trainer log-probs, advantages and step rewards of a few groups' rows."""
 
-    groups: int = 2  # groups (a question's episodes, a prefix's candidates) per saved step; 0: nothing saved
-    every: int = 1  # save every N-th step
+    # groups (a question's episodes, a prefix's candidates) per saved step; 0: nothing saved
+    groups: int = ranged(2, AT_LEAST_0)
+    every: int = ranged(1, AT_LEAST_1)  # save every N-th step
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    steps: int = 100  # optimizer steps per epoch × mini_batch == rollout batches
+    steps: int = ranged(100, AT_LEAST_1)  # optimizer steps per epoch × mini_batch == rollout batches
     # on SIGTERM / SIGUSR1 (preemption) the step in progress finishes, a checkpoint is written if it fits in
     # this many seconds from the signal, and the run exits 75 ("resume me"; engine/preemption.py)
-    preempt_grace_s: float = 60.0
-    batch_size: int = 16  # questions (online) or records (SFT) per step, across all processes
-    micro_batch_size: int = 8  # sequences per forward/backward on one process
-    lr: float = 1.0e-6  # ReSearch Table 4
+    preempt_grace_s: float = ranged(60.0, POSITIVE)
+    # questions (online) or records (SFT) per step, across all processes
+    batch_size: int = ranged(16, AT_LEAST_1)
+    micro_batch_size: int = ranged(8, AT_LEAST_1)  # sequences per forward/backward on one process
+    lr: float = ranged(1.0e-6, POSITIVE)  # ReSearch Table 4
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
+    weight_decay: float = ranged(0.0, AT_LEAST_0)
+    warmup_steps: int = ranged(0, AT_LEAST_0)
     # wsd: warm-up, constant, then a cosine decay to 0 over the last `decay_fraction` of the steps
     # (warmup-stable-decay; a fraction, so that a shortened run keeps the shape)
     schedule: Literal["constant", "cosine", "linear", "wsd"] = "constant"
     decay_fraction: float = 0.0  # wsd only, in (0, 1]
-    max_grad_norm: float = 1.0
-    epochs: int = 1  # passes over each rollout batch (PPO epochs)
-    mini_batches: int = 1  # optimizer updates per pass over a rollout batch
-    save_every: int = 50  # steps between checkpoints (and at the end)
-    keep_checkpoints: int = 2
+    max_grad_norm: float = ranged(1.0, POSITIVE)
+    epochs: int = ranged(1, AT_LEAST_1)  # passes over each rollout batch (PPO epochs)
+    mini_batches: int = ranged(1, AT_LEAST_1)  # optimizer updates per pass over a rollout batch
+    save_every: int = ranged(50, AT_LEAST_1)  # steps between checkpoints (and at the end)
+    keep_checkpoints: int = ranged(2, AT_LEAST_1)
     # steps between evaluations on `eval_split` during training, and at the last step, so that the held-out
     # curve ends at the final policy (0: none; the run's own evaluation after training is `eval`)
-    eval_every: int = 0
+    eval_every: int = ranged(0, AT_LEAST_0)
     eval_split: Literal["train", "dev", "test"] = "dev"
-    eval_limit: int | None = 200
+    eval_limit: int | None = ranged(200, AT_LEAST_1)
     log_entropy: bool = True
     # log-probs from the final hidden states, the output layer applied only at action tokens and in chunks:
     # no (batch, tokens, vocabulary) logits tensor (2.5 GB per 4,096 tokens at Qwen2.5's vocabulary)
@@ -364,7 +410,8 @@ class WarmStartConfig:
     """SFT on the synthetic world's teacher before the main algorithm (the quickstart's first stage)."""
 
     checkpoint: str | None = None  # an existing SFT model directory to start from instead of training
-    teacher_passes: int = 4  # teacher trajectories per train question (each pass: new noise and names)
+    # teacher trajectories per train question (each pass: new noise and names)
+    teacher_passes: int = ranged(4, AT_LEAST_1)
     args: dict[str, Any] = field(default_factory=dict)  # SFT algorithm arguments, e.g. {loss_on: all}
     trainer: TrainerConfig = field(
         default_factory=lambda: TrainerConfig(
@@ -382,11 +429,12 @@ class WarmStartConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     split: Literal["train", "dev", "test"] = "test"
-    limit: int | None = None
+    limit: int | None = ranged(None, AT_LEAST_1)
     agent: Literal["policy", "teacher", "prm"] = "policy"  # greedy policy, scripted oracle, PRM best-of-N
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = ranged(0.0, AT_LEAST_0)  # 0: greedy
     best_of: tuple[int, ...] = (4, 8)  # N of the PRM-guided agent (RAG-Gym Algorithm 1)
-    best_of_temperature: float = 1.0  # sampling temperature of its candidates (RAG-Gym: 1.0)
+    # sampling temperature of its candidates (RAG-Gym: 1.0)
+    best_of_temperature: float = ranged(1.0, AT_LEAST_0)
     prm: str | None = None  # the PRM model directory for agent "prm" (default: the run's final model)
     # an LLM answer judge (rewards/answer_judge.py: backend, model, url, ...): evaluation then also reports
     # judge_acc, gen_acc (cover EM or the judge), judge_failures and judge_em_agreement; null: not asked
@@ -398,14 +446,14 @@ class ProcessDataConfig:
     """RAG-Gym process-data collection (`searchrl collect-process-data`) and where DPO/PRM/SFT read it."""
 
     out: str | None = None  # the collected dataset's directory (written by collection, read by training)
-    n: int = 4  # candidate actions per step
+    n: int = ranged(4, AT_LEAST_1)  # candidate actions per step
     annotator: str = field(default="rule", metadata={"registry": "annotators"})
     annotator_args: dict[str, Any] = field(default_factory=dict)
     chosen_min: float = 1.0  # candidates scoring at least this are "chosen" …
     rejected_max: float = -1.0  # … at most this "rejected"; every chosen x rejected pair of a step is kept
     split: Literal["train", "dev", "test"] = "train"
-    limit: int | None = None
-    temperature: float = 1.0
+    limit: int | None = ranged(None, AT_LEAST_1)
+    temperature: float = ranged(1.0, AT_LEAST_0)
 
 
 @dataclass(frozen=True)
@@ -414,72 +462,7 @@ class DistributedConfig:
 
     # seconds a collective operation may wait for the other processes before the run fails with an error
     # naming the step and phase (instead of hanging); null: 300 on CPU, 1800 on GPU
-    timeout: float | None = None
-
-
-# Value ranges, checked wherever a section is read (files, overrides, `searchrl validate`, every command).
-_AT_LEAST_1, _AT_LEAST_0, _POSITIVE = (
-    (lambda v: v >= 1, "at least 1"),
-    (lambda v: v >= 0, "at least 0"),
-    (
-        lambda v: v > 0,
-        "greater than 0",
-    ),
-)
-RANGES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
-    "DataConfig": {"limit": _AT_LEAST_1},
-    "WorldConfig": {
-        "phrasings": _AT_LEAST_1,
-        **{
-            k: _AT_LEAST_0
-            for k in ("persons", "cities", "countries", "films", "companies", "universities", "bands")
-        },
-        "distractors_per_doc": _AT_LEAST_0,
-        "inverse_mentions": _AT_LEAST_0,
-        "name_pool_factor": (lambda v: v >= 1, "at least 1 (names invented per entity)"),
-    },
-    "RetrieverConfig": {"cache": _AT_LEAST_0},
-    "EnvConfig": {
-        "topk": _AT_LEAST_1,
-        "max_turns": _AT_LEAST_1,
-        "max_query_chars": _AT_LEAST_1,
-        "doc_max_words": _AT_LEAST_1,
-        "tool_response_max_chars": _AT_LEAST_1,
-    },
-    "ModelConfig": {"layers": _AT_LEAST_1},
-    "LoraConfig": {"r": _AT_LEAST_1, "alpha": _POSITIVE, "dropout": (lambda v: 0 <= v < 1, "in [0, 1)")},
-    "RolloutConfig": {
-        "temperature": _AT_LEAST_0,
-        "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-        "max_new_tokens": _AT_LEAST_1,
-        "max_total_tokens": _AT_LEAST_1,
-        "batch_size": _AT_LEAST_1,
-    },
-    "TrainerConfig": {
-        "steps": _AT_LEAST_1,
-        "preempt_grace_s": _POSITIVE,
-        "batch_size": _AT_LEAST_1,
-        "micro_batch_size": _AT_LEAST_1,
-        "lr": _POSITIVE,
-        "weight_decay": _AT_LEAST_0,
-        "warmup_steps": _AT_LEAST_0,
-        "max_grad_norm": _POSITIVE,
-        "epochs": _AT_LEAST_1,
-        "mini_batches": _AT_LEAST_1,
-        "save_every": _AT_LEAST_1,
-        "keep_checkpoints": _AT_LEAST_1,
-        "eval_every": _AT_LEAST_0,
-        "eval_limit": _AT_LEAST_1,
-    },
-    "WarmStartConfig": {"teacher_passes": _AT_LEAST_1},
-    "GuardConfig": {"window": _AT_LEAST_1, "after": _AT_LEAST_0, "max_drop": _POSITIVE},
-    "AsyncRolloutConfig": {"max_staleness": _AT_LEAST_0, "worker_threads": _AT_LEAST_1},
-    "SamplesConfig": {"groups": _AT_LEAST_0, "every": _AT_LEAST_1},
-    "GuardsConfig": {"lr_scale": (lambda v: 0 < v <= 1, "in (0, 1]"), "max_rollbacks": _AT_LEAST_0},
-    "EvalConfig": {"limit": _AT_LEAST_1, "temperature": _AT_LEAST_0, "best_of_temperature": _AT_LEAST_0},
-    "ProcessDataConfig": {"n": _AT_LEAST_1, "limit": _AT_LEAST_1, "temperature": _AT_LEAST_0},
-    "DistributedConfig": {"timeout": _POSITIVE},
-}
+    timeout: float | None = ranged(None, POSITIVE)
 
 
 # config keys that were renamed or moved, with where they live now (the error message says so)
@@ -638,7 +621,7 @@ def _convert_dataclass(cls: Any, value: Any, ctx: Ctx, key: str) -> Any:
             )
         kwargs[k] = convert(hints[k], v, ctx, sub)
         _check_names(fields[k], kwargs[k], ctx, sub)
-        _check_range(cls.__name__, k, kwargs[k], ctx, sub)
+        _check_range(fields[k], kwargs[k], ctx, sub)
     missing = [
         n
         for n, f in fields.items()
@@ -653,10 +636,10 @@ def _convert_dataclass(cls: Any, value: Any, ctx: Ctx, key: str) -> Any:
     return obj
 
 
-def _check_range(section: str, name: str, value: Any, ctx: Ctx, key: str) -> None:
+def _check_range(f: dataclasses.Field, value: Any, ctx: Ctx, key: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ctx.error(key, "expected a finite number", value=value)
-    check = RANGES.get(section, {}).get(name)
+    check = f.metadata.get("range")
     if check is not None and value is not None and not check[0](value):
         raise ctx.error(key, f"must be {check[1]}", value=value)
 

@@ -73,5 +73,14 @@ def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = 
         group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
         pair_ids=torch.tensor([t.pair_id for t in trajs], dtype=torch.long),
         chosen=torch.tensor([t.chosen for t in trajs], dtype=torch.bool),
-        extras={} if versions is None else {"versions": versions},
+        extras=_extras(trajs, versions),
     )
+
+
+def _extras(trajs: Sequence[Trajectory], versions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Per-row tensors only some batches have: the sampling versions (asynchronous rollouts) and the episode
+    ids of folded episodes (`envs.context`: rows of one episode share one)."""
+    out = {} if versions is None else {"versions": versions}
+    if any(t.episode_id >= 0 for t in trajs):
+        out["episode_ids"] = torch.tensor([t.episode_id for t in trajs], dtype=torch.long)
+    return out

@@ -126,6 +126,9 @@ class Trajectory:
     trained: bool = (
         True  # False: the row carries no loss (DAPO's overlong filtering); its reward still counts
     )
+    # rows of one episode share it (an episode folded into several contexts, `envs.context`); -1: the row is its
+    # own episode
+    episode_id: int = -1
 
     @property
     def token_ids(self) -> list[int]:

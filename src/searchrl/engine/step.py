@@ -27,6 +27,7 @@ from searchrl.engine.engine import Engine, NonFiniteError
 from searchrl.engine.precision import Float32Gradients
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule
+from searchrl.envs.context import last_rows
 from searchrl.models.packing import Packed, pack
 from searchrl.models.policy import Reference, forward, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
@@ -341,12 +342,14 @@ class TrainingStep:
         """This process's share of the step's metrics (`searchrl.core.aggregate` values, reduced later)."""
         local: dict[str, float] = {}
         trained = batch.loss_mask.sum(-1) > 0  # rows with loss tokens (padding rows have none)
+        last = last_rows(trajs)  # a folded episode's rows (`envs.context`): its outcome counted once
+        ends = torch.tensor(last, device=trained.device) & trained
         local.update({k: Sum(v) for k, v in sums.items()})  # shares of globally normalised means
         if self._grad_norms:  # global already: every process holds the same value
             local["train/grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
         if self.ctx.generator is not None:  # online: rewards of fresh episodes (offline rows carry labels)
-            local["reward/mean"] = Mean(float(batch.rewards[trained].sum()), float(trained.sum()))
-        episodes = [t for t in trajs if t.state is not None]
+            local["reward/mean"] = Mean(float(batch.rewards[ends].sum()), float(ends.sum()))
+        episodes = [t for t, end in zip(trajs, last) if t.state is not None and end]
         if episodes:
             from searchrl.core.answers import exact_match
 

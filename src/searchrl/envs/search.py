@@ -109,6 +109,8 @@ class SearchEnv:
         self.chat = chat
         self.topk, self.max_turns, self.max_query_chars = topk, max_turns, max_query_chars
         self.on_budget, self.doc_max_words = on_budget, doc_max_words
+        # long horizons (`envs.context`, ``env.context``): folds a full context into a summary; None: no folding
+        self.context: Any = None
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -136,6 +138,19 @@ class SearchEnv:
         return EnvState(
             example=example, prompt=prompt + self.tags.answer_open, force_answer=True, prefetched=prefetched
         )
+
+    def fold_prompt(self, state: EnvState, summary: str) -> str:
+        """The context a folded episode goes on from (`envs.context`): a chat prompt re-rendered with the summary
+        after the question in the user's message; a plain prompt followed by the summary as an information
+        block. An episode that must answer next (its turn budget spent) is told so again."""
+        t = self.tags
+        if isinstance(self.template, ChatTemplate):
+            messages = self.template.messages(state.example.question)
+            messages[-1]["content"] += f"\n\n{summary}"
+            text = self.chat(messages)  # type: ignore[misc]
+        else:
+            text = f"{state.prompt}\n\n{t.info_open}{summary}{t.info_close}\n\n"
+        return text + (t.answer_open if state.force_answer else "")
 
     def step(
         self, state: EnvState, action: str, eos: bool = False, stopped: bool = False

@@ -264,6 +264,13 @@ class ToolEnv(SearchEnv):
             return obs, True, "budget"
         return obs, False, None
 
+    def fold_prompt(self, state: EnvState, summary: str) -> str:
+        """The chat prompt re-rendered with the summary after the question (`envs.context`); with the tool
+        budget spent, the user's message ends by saying so."""
+        messages = self.template.messages(state.example.question)  # type: ignore[union-attr]
+        messages[-1]["content"] += f"\n\n{summary}" + (BUDGET_NOTE if state.force_answer else "")
+        return str(self.chat(messages))  # type: ignore[misc]
+
     def finished(self, state: EnvState) -> None:
         """An episode ended: its tool objects are settled (`envs.python_tools.settle`)."""
         from searchrl.envs.python_tools import settle

@@ -69,5 +69,5 @@ def run_episodes(
                     waiting, waited = [], 0
     finally:
         generator.release(keys)  # the weights change before the next call
-    finish(trajs, stats, t0)
+    finish(trajs, stats, t0, env)
     return stats

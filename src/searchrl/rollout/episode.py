@@ -29,6 +29,7 @@ class RolloutStats:
     seconds: float = 0.0
     finish_reasons: Counter[str] = field(default_factory=Counter)
     tool_calls: Counter[str] = field(default_factory=Counter)  # the tool protocol: calls run, per tool
+    folds: int | None = None  # contexts folded into a summary (`envs.context`); None: the env does not fold
 
     def metrics(self) -> dict[str, float]:
         """This process's statistics as metrics that combine over processes (`searchrl.core.aggregate`): counts
@@ -43,6 +44,7 @@ class RolloutStats:
             "rollout/invalid_action_rate": Mean(self.invalid_actions, self.actions),
             **{f"rollout/finish_{k}": Mean(v, self.episodes) for k, v in sorted(reasons.items())},
             **self._tool_metrics(),
+            **({} if self.folds is None else {"rollout/context_folds": Mean(self.folds, self.episodes)}),
         }
 
     def _tool_metrics(self) -> dict[str, float]:
@@ -91,7 +93,8 @@ def ready(
     t: Trajectory, env: SearchEnv, tokenizer: Any, max_total_tokens: int, rendered: dict[str, list[int]]
 ) -> bool:
     """Whether episode ``t`` takes another action; prepares its context for it. A re-rendered design
-    (RAG-Gym ReSearch) restarts from the rendered state; an episode out of room ends with "length"."""
+    (RAG-Gym ReSearch) restarts from the rendered state; with ``env.context`` a full context is folded into a
+    summary (`envs.context`); an episode out of room ends with "length"."""
     if t.state is None or t.state.done:
         return False
     if not env.append_only and t.state.actions:
@@ -99,6 +102,9 @@ def ready(
         if text not in rendered:  # k candidates share one rendered state: tokenized once
             rendered[text] = encode(tokenizer, text)
         t.segments, t.steps = [Segment("prompt", rendered[text])], []
+    folder = getattr(env, "context", None)  # long horizons (`envs.context`): a full context is folded
+    if folder is not None and folder.due(t):
+        folder.fold(t, env, tokenizer)
     if len(t) >= max_total_tokens - 1:
         t.state.done, t.finish_reason = True, "length"
         return False
@@ -132,11 +138,17 @@ def record(
         t.finish_reason = "length" if g.finish == "length" else t.state.finish_reason  # type: ignore[union-attr]
 
 
-def finish(trajs: Sequence[Trajectory], stats: RolloutStats, t0: float) -> None:
-    """Count the finished episodes and the time since ``t0``; settle the tool objects of episodes that ran
-    out of room (`envs.python_tools.settle`: those that answered or spent their budget were settled then)."""
+def finish(trajs: Sequence[Trajectory], stats: RolloutStats, t0: float, env: Any = None) -> None:
+    """Count the finished episodes, their folded contexts (``env`` folds, `envs.context`) and the time since
+    ``t0``; settle the tool objects of episodes that ran out of room (`envs.python_tools.settle`: those that
+    answered or spent their budget were settled then)."""
+    from searchrl.envs.context import FOLDS
     from searchrl.envs.python_tools import settle
 
+    if getattr(env, "context", None) is not None:
+        stats.folds = (stats.folds or 0) + sum(
+            len(t.info.get(FOLDS, ())) for t in trajs if t.state is not None and t.state.done
+        )
     for t in trajs:
         if t.state is not None and t.state.tool_objects:
             settle(t.state)

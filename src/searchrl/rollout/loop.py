@@ -123,17 +123,32 @@ def run(
             ]
             if not live:
                 break
-            budget = min(params.max_new_tokens, min(max_total_tokens - len(trajs[i]) for i in live))
-            gens = generator.generate(
-                [trajs[i].token_ids for i in live], _with_max(params, budget), [keys[i] for i in live]
-            )
-            for i in step_env(list(zip(live, gens)), trajs, env, tokenizer, stats, taken):
+            actions = []
+            for rows, budget in _by_room(live, trajs, params.max_new_tokens, max_total_tokens):
+                gens = generator.generate(
+                    [trajs[i].token_ids for i in rows], _with_max(params, budget), [keys[i] for i in rows]
+                )
+                actions += list(zip(rows, gens))
+            for i in step_env(actions, trajs, env, tokenizer, stats, taken):
                 if trajs[i].state.done:  # type: ignore[union-attr]
                     generator.release([keys[i]])
     finally:
         generator.release(keys)  # the weights change before the next call
-    finish(trajs, stats, t0)
+    finish(trajs, stats, t0, env)
     return stats
+
+
+def _by_room(
+    live: list[int], trajs: list[Trajectory], max_new: int, max_total: int
+) -> list[tuple[list[int], int]]:
+    """The turn's generation calls: the episodes with room for a whole action in one batch of ``max_new``
+    tokens, and those nearer their ``max_total`` cap in a second batch, under the least room among them (one
+    batch shares one token budget: in one call, an episode near its cap would cut every episode's action)."""
+    room = {i: max_total - len(trajs[i]) for i in live}
+    full = [i for i in live if room[i] >= max_new]
+    short = [i for i in live if room[i] < max_new]
+    calls = [(full, max_new)] if full else []
+    return calls + ([(short, min(room[i] for i in short))] if short else [])
 
 
 def _with_max(params: SamplingParams, budget: int) -> SamplingParams:
