@@ -100,6 +100,16 @@ def test_a_thousand_searches_fold_in_bounded_time(qwen_tok):
     assert all(len(r) < 400 for r in unfold([t]))
 
 
+def test_a_summarizer_replying_with_broken_text_still_folds(qwen_tok):
+    """A chat model's reply may hold an unpaired surrogate or control characters: the summary stays text."""
+    folder = ContextFolder(
+        max_tokens=300, max_segments=5, summarizer=lambda items: ["\udfff\x00 odd"] * len(items)
+    )
+    t, _, _ = long_episode(qwen_tok, 20, folder)
+    assert t.finish_reason == "answer" and len(t.info[FOLDS]) >= 1
+    assert "fact 1: ?\x00 odd" in qwen_tok.decode(unfold([t])[1].segments[0].token_ids)
+
+
 def test_a_chat_prompt_folds_into_the_users_message(qwen_tok):
     fmt = ChatFormat(qwen_tok)
     env = ToolEnv(Facts(), fmt, template="tools", topk=1, max_turns=3)

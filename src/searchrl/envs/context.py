@@ -113,9 +113,15 @@ class ContextFolder:
                 raise RuntimeError(
                     f"the summarizer returned {len(found)} summaries for {len(items)} searches"
                 )
-            lines += [f"{q}: {' '.join(m.split())}" for (_, q, _), m in zip(items, found)]
+            # one line each; text that is not valid Unicode (an unpaired surrogate in a chat model's JSON reply)
+            # is replaced, so the tokenizer always takes the summary
+            lines += [_text(f"{q}: {' '.join(str(m).split())}") for (_, q, _), m in zip(items, found)]
         t.info[SUMMARISED] = len(state.infos)
         return lines
+
+
+def _text(s: str) -> str:
+    return s.encode("utf-8", "replace").decode("utf-8")
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
