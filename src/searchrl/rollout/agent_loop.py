@@ -7,7 +7,8 @@ appended and the episode's next action is queued while the others are still deco
 for the slowest action of a turn. The outputs are those of the turn loop (`searchrl.rollout.loop.run`):
 the same segments, ids and log-probs as sampled, stop rules and statistics; for greedy decoding the same
 trajectories (tests/rollout/test_agent_loop.py). One difference: each episode's token budget for an action
-is its own remaining room, where the turn loop gives every episode of a turn the smallest room among them.
+is its own remaining room, where the turn loop gives the episodes near their cap a batch of their own under
+the smallest room among them.
 """
 
 from __future__ import annotations
