@@ -95,9 +95,8 @@ class GRPO(Algorithm):
 
     @classmethod
     def requires(cls, config: GRPOConfig, env: EnvConfig) -> Requirements:
-        segments = (
-            env.context.max_segments if env.context is not None else 1
-        )  # rows per episode (`envs.context`)
+        # training rows per episode: one per context when long episodes are folded (`envs.context`)
+        segments = env.context.max_segments if env.context is not None else 1
         return Requirements(
             samples_per_item=config.group_size * segments,
             reference=config.kl_coef > 0,

@@ -237,7 +237,7 @@ def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
 
 def _check_context(exp: Experiment, source: str) -> None:
     """``env.context`` (long horizons, `envs.context`): a budget below the episode's, the react design, and
-    the summarizer's arguments."""
+    the summarizer's arguments (the fields' own ranges are checked when the file is read)."""
     c = exp.env.context
     if c is None:
         return
@@ -252,9 +252,6 @@ def _check_context(exp: Experiment, source: str) -> None:
             hint=f"e.g. {max(1, exp.rollout.max_total_tokens - 2 * exp.rollout.max_new_tokens)} "
             "(max_total_tokens minus room for an action and its documents)",
         )
-    for key, value in (("max_segments", c.max_segments), ("summary_max_tokens", c.summary_max_tokens)):
-        if value is not None and value < 1:
-            raise ConfigError("must be at least 1", file=source, key=f"env.context.{key}", value=value)
     if exp.env.agent != "react":
         raise ConfigError(
             "folding summarises the searches of an agent that searches in turns (react)",
