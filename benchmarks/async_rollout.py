@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from searchrl.algorithms import algorithm_config
 from searchrl.app.experiment import load_experiment
 from searchrl.app.runtime import Runtime
 from searchrl.core.config import AsyncRolloutConfig, SamplesConfig, TrainerConfig
@@ -90,7 +91,9 @@ def run(
     )
     tr = Trainer(
         algorithm="grpo",
-        algorithm_args={"group_size": group, "kl_coef": 0.0, "rollout_correction": {"mode": "token_tis"}},
+        config=algorithm_config(
+            "grpo", {"group_size": group, "kl_coef": 0.0, "rollout_correction": {"mode": "token_tis"}}
+        ),
         model_path=model,
         cfg=cfg,
         out_dir=Path(tempfile.mkdtemp()),
@@ -109,8 +112,8 @@ def run(
             worker_rate.append(m.get("async/worker_tokens_per_s", 0.0))
             searches.append(m.get("rollout/searches_per_episode", 0.0))
     finally:
-        if tr.pipeline is not None:
-            tr.pipeline.close()
+        if tr.rollouts.worker is not None:
+            tr.rollouts.worker.close()
     t, n = times[1:], tokens[1:]
     return {
         "max_staleness": staleness,

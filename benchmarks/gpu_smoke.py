@@ -187,6 +187,7 @@ def offline_records(rt: Any, algo: str) -> list[dict[str, Any]] | None:
 def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Path) -> dict[str, Any]:
     import torch
 
+    from searchrl.algorithms import algorithm_config
     from searchrl.app.experiment import load_experiment
     from searchrl.app.runtime import Runtime
     from searchrl.core.config import SamplesConfig, TrainerConfig
@@ -218,7 +219,7 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
     with PeakRSS() as rss:
         tr = Trainer(
             algorithm=algo,
-            algorithm_args=args,
+            config=algorithm_config(algo, args),
             model_path=a.model,
             cfg=cfg,
             out_dir=tmp / f"{algo}-{backend}",

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from searchrl.algorithms import algorithm_config
 from searchrl.app.experiment import load_experiment
 from searchrl.app.runtime import Runtime
 from searchrl.core.config import SamplesConfig, TrainerConfig
@@ -56,7 +57,7 @@ def ours(exp, rt, model: str, steps: int, questions: int, micro: int, loop: str 
     )
     tr = Trainer(
         algorithm="grpo",
-        algorithm_args={"group_size": exp.algorithm.args["group_size"], "kl_coef": 0.001},
+        config=algorithm_config("grpo", {"group_size": exp.algorithm.args["group_size"], "kl_coef": 0.001}),
         model_path=model,
         cfg=cfg,
         out_dir=Path(tempfile.mkdtemp()),

@@ -103,6 +103,7 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
     """The tiny model after 30 SFT steps on teacher trajectories: it emits the tags, so its episodes take
     1-3 turns and end in different ways. Tests that need processes whose rollouts differ use it (an
     untrained model ends every episode in its first turn)."""
+    from searchrl.algorithms import algorithm_config
     from searchrl.app.experiment import load_experiment
     from searchrl.app.runtime import Runtime
     from searchrl.core.config import TrainerConfig
@@ -126,7 +127,7 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
     cfg = TrainerConfig(steps=30, batch_size=16, micro_batch_size=16, lr=1e-2, save_every=10**6)
     tr = Trainer(
         algorithm="sft",
-        algorithm_args={},
+        config=algorithm_config("sft", {}),
         model_path=tiny_model_dir,
         cfg=cfg,
         out_dir=out,

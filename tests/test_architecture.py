@@ -180,3 +180,44 @@ def test_no_function_over_80_lines():
                 if n > 80:
                     long.append(f"{f.relative_to(PKG)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
+
+
+DECLARING_BASES = {"Protocol", "NamedTuple", "TypedDict", "Enum", "IntEnum", "StrEnum"}
+
+
+def _declares_fields(cls: ast.ClassDef) -> bool:
+    """Whether bare annotations in ``cls``'s body are its own fields (a dataclass, a protocol, a named tuple,
+    a typed dict, an enum), not attributes that something else sets."""
+    names = {ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] for d in cls.decorator_list}
+    bases = {ast.unparse(b).split("[")[0].rsplit(".", 1)[-1] for b in cls.bases}
+    return "dataclass" in names or bool(bases & DECLARING_BASES) or any("Config" in b for b in bases)
+
+
+def test_no_class_declares_attributes_set_elsewhere():
+    """A class that names an attribute in its body (``x: int``) without a value sets it in its own methods:
+    a mixin whose attributes another class's constructor sets hides where they come from (docs/design.md §2:
+    the trainer is composed of parts that receive what they use)."""
+    bad = []
+    for f in PKG.rglob("*.py"):
+        for cls in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if not isinstance(cls, ast.ClassDef) or _declares_fields(cls):
+                continue
+            declared = {  # class variables (``ClassVar``) are for subclasses to give
+                n.target.id
+                for n in cls.body
+                if isinstance(n, ast.AnnAssign)
+                and n.value is None
+                and isinstance(n.target, ast.Name)
+                and "ClassVar" not in ast.unparse(n.annotation)
+            }
+            assigned = {
+                t.attr
+                for node in ast.walk(cls)
+                if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign)
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                for t in ([*t.elts] if isinstance(t, ast.Tuple) else [t])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)  # self.x, or obj.x in __new__
+            }
+            if declared - assigned:
+                bad.append(f"{f.relative_to(PKG)}: {cls.name} declares {sorted(declared - assigned)}")
+    assert not bad, "attributes declared but set elsewhere:\n" + "\n".join(bad)

@@ -23,12 +23,13 @@ def test_custom_reward_example_trains(make_exp, monkeypatch):
         "rollout.temperature=1.0",
         "trainer={steps: 2, batch_size: 2, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}",
     )
+    from searchrl.algorithms import algorithm_config
     from searchrl.app.runtime import Runtime
     from searchrl.engine.trainer import Trainer
 
     tr = Trainer(
         algorithm="steppo",
-        algorithm_args=exp.algorithm.args,
+        config=algorithm_config("steppo", exp.algorithm.args),
         model_path=exp.model.path,
         cfg=exp.trainer,
         out_dir=exp.out,

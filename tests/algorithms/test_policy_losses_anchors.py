@@ -371,7 +371,7 @@ def test_rejected_drop_is_validated_and_forces_the_old_pass(make_exp, tmp_path):
     # a band so narrow that the sampler's and the trainer's rounding differences reject some tokens
     corr = {"mode": "token_mask", "high": 1.0 + 1e-7, "low": 1.0 - 1e-7, "rejected": "drop"}
     tr = trainer_for(exp, "grpo", cfg_, args={"rollout_correction": corr, "kl_coef": 0.0}, out=tmp_path / "d")
-    assert tr.old_pass
+    assert tr.training_step.shape.old_pass
     tr.run()
     (row,) = read_metrics(tmp_path / "d" / "metrics.jsonl")
     assert math.isfinite(row["train/loss"]) and 0.0 <= row["rollout_corr/cut_token_frac"] <= 1.0

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from searchrl.algorithms import algorithm_config
 from searchrl.algorithms.dpo import dpo_loss
 from searchrl.algorithms.prm import prm_loss
 from searchrl.app.process_data import collect, step_pairs
@@ -223,6 +224,7 @@ def pair_records(small_world, n=8):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_dpo_trains_and_prefers_the_chosen_actions(make_exp, small_world, lora):
+    from searchrl.algorithms import algorithm_config
     from searchrl.app.runtime import Runtime
     from searchrl.core.config import TrainerConfig
     from searchrl.engine.metrics import read_metrics
@@ -233,7 +235,7 @@ def test_dpo_trains_and_prefers_the_chosen_actions(make_exp, small_world, lora):
     cfg = TrainerConfig(steps=6, batch_size=4, micro_batch_size=4, lr=5e-3, save_every=6, mini_batches=mini)
     tr = Trainer(
         algorithm="dpo",
-        algorithm_args={"beta": 0.5},
+        config=algorithm_config("dpo", {"beta": 0.5}),
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
@@ -261,7 +263,7 @@ def test_prm_trains_saves_and_scores(make_exp, small_world):
     recs = pair_records(small_world)
     tr = Trainer(
         algorithm="prm",
-        algorithm_args={},
+        config=algorithm_config("prm", {}),
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,

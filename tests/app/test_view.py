@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from searchrl.algorithms import algorithm_config
 from searchrl.app.cli import main
 from searchrl.app.runtime import Runtime
 from searchrl.app.viewer.build import find, paired, view
@@ -47,7 +48,7 @@ def train_with_capture(exp, algorithm, cfg, args, monkeypatch):
     """A trainer whose every `algo.loss` call records the rows of the micro-batch it was given."""
     tr = Trainer(
         algorithm=algorithm,
-        algorithm_args=args,
+        config=algorithm_config(algorithm, args),
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
@@ -133,7 +134,7 @@ def test_samples_off_and_every(make_exp, tmp_path):
         )
         tr = Trainer(
             algorithm="grpo",
-            algorithm_args={"group_size": 2},
+            config=algorithm_config("grpo", {"group_size": 2}),
             model_path=exp.model.path,
             cfg=cfg,
             out_dir=out,
@@ -260,7 +261,7 @@ def test_offline_rows_are_saved_one_group_each(make_exp, small_world):
     cfg = TrainerConfig(steps=1, batch_size=4, micro_batch_size=4, save_every=10**6)
     Trainer(
         algorithm="sft",
-        algorithm_args={},
+        config=algorithm_config("sft", {}),
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,

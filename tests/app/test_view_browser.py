@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from searchrl.algorithms import algorithm_config
 from searchrl.app.runtime import Runtime
 from searchrl.app.viewer.build import view
 from searchrl.core.config import SamplesConfig, TrainerConfig
@@ -65,7 +66,7 @@ def run_dir(tmp_path_factory, world_dir, tiny_model_dir):
     )
     tr = Trainer(
         algorithm="grpo",
-        algorithm_args={"group_size": 3},
+        config=algorithm_config("grpo", {"group_size": 3}),
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=out,

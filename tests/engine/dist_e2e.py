@@ -192,6 +192,7 @@ def build(
 ) -> Any:
     """The case's trainer; ``sync``: with synchronous rollouts even where the case is asynchronous (to
     replay given episodes in one process)."""
+    from searchrl.algorithms import algorithm_config
     from searchrl.app.experiment import load_experiment
     from searchrl.app.runtime import Runtime
     from searchrl.engine.trainer import Trainer
@@ -201,7 +202,7 @@ def build(
     spec = CASES[case]
     tr = Trainer(
         algorithm=spec["algorithm"],
-        algorithm_args=spec["args"],
+        config=algorithm_config(spec["algorithm"], spec["args"]),
         model_path=model,
         cfg=trainer_config(
             steps,
@@ -266,7 +267,7 @@ def instrument(tr: Any) -> dict[str, list[Any]]:
 
     tr.algo.collect = recorded
     if tr.cfg.async_rollout.max_staleness:  # the worker's episodes, as the trainer takes them
-        take = tr._collect
+        take = tr.rollouts.collect
 
         def taken(step: int, indices: list[int]) -> Any:
             trajs, metrics = take(step, indices)
@@ -274,7 +275,7 @@ def instrument(tr: Any) -> dict[str, list[Any]]:
             seen["gen_calls"].append(0)
             return trajs, metrics
 
-        tr._collect = taken
+        tr.rollouts.collect = taken
     return seen
 
 
@@ -284,16 +285,16 @@ def worker_state(tr: Any) -> dict[str, Any]:
     from searchrl.engine.weights import gathered
 
     with gathered(tr.engine, tr.policy) as w:
-        theirs = dict(tr.pipeline.model.named_parameters())
+        theirs = dict(tr.rollouts.worker.model.named_parameters())
         diff = max(float((v.float() - theirs[n].float().to(v.device)).abs().max()) for n, v in w.items())
     out = {
-        "worker_version": tr.pipeline.version,
+        "worker_version": tr.rollouts.worker.version,
         "worker_max_diff": diff,
-        "shipped": list(tr.pipeline.shipped),  # the parameters sent after each step
+        "shipped": list(tr.rollouts.worker.shipped),  # the parameters sent after each step
         "parameters": list(w),
     }
-    tr.pipeline.close()
-    tr.pipeline = None
+    tr.rollouts.worker.close()
+    tr.rollouts.worker = None
     return out
 
 
@@ -329,7 +330,7 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
         resumed, _ = build(world, model, out, case, resume=True)
         result["resumed_from"] = resumed.start_step
         result["resumed"] = resumed.step(2)
-    if tr.pipeline is not None:
+    if tr.rollouts.worker is not None:
         result.update(worker_state(tr))
     tr.ckpt.export_model(out / "final")
     eng.wait()

@@ -267,15 +267,15 @@ def test_the_trainer_sums_a_bfloat16_policys_gradients_in_float32(make_exp, mast
     tr = trainer_for(exp, "grpo", cfg)
     assert tr.engine.grad_accum > 1
     if not master:
-        assert tr.grads32 is None
+        assert tr.training_step.model.grads32 is None
         return
     params = [p for p in tr.policy.parameters() if p.requires_grad]
-    assert tr.grads32.params == params
+    assert tr.training_step.model.grads32.params == params
     before = [p.detach().clone() for p in params]
     tr.step(0)
     assert seen and all(set(s) == set(params) for s in seen)  # once per update, every parameter folded
     assert all(g is None and dt == torch.float32 for s in seen for g, dt in s.values())
-    assert not tr.grads32.sums and not tr.grads32.folding
+    assert not tr.training_step.model.grads32.sums and not tr.training_step.model.grads32.folding
     assert any(not torch.equal(a, p) for a, p in zip(before, params))
 
 

@@ -72,7 +72,7 @@ def test_the_decoupled_objective_with_a_separate_pi_old_pass(exp, tmp_path):
     """Two updates per batch: π_old is recomputed before the updates, the weights come from that pass and
     stay fixed while π_θ moves (the clip is against π_old, the weight against the sampler)."""
     tr, m, _, _ = one_step(exp, tmp_path, "two", {"mode": "seq_tis", "clip": 1.5}, mini_batches=2)
-    assert tr.old_pass
+    assert tr.training_step.shape.old_pass
     assert m["rollout_corr/w_mean"] < 1.0 and m["rollout_corr/cut_token_frac"] == 0.0  # Π ρ < 1 < 1.5
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from searchrl.algorithms import algorithm_config
 from searchrl.app.runtime import Runtime
 from searchrl.core.config import TrainerConfig
 from searchrl.engine.engine import NonFiniteError
@@ -31,7 +32,9 @@ def trainer_for(exp, algorithm, cfg, records=None, resume=False, out=None, args=
     rt = Runtime(exp)
     return Trainer(
         algorithm=algorithm,
-        algorithm_args={"group_size": 4, **(args or {})} if algorithm in GROUPED else args or {},
+        config=algorithm_config(
+            algorithm, {"group_size": 4, **(args or {})} if algorithm in GROUPED else args or {}
+        ),
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=out or exp.out,
@@ -151,15 +154,15 @@ def test_one_update_per_batch_takes_pi_old_from_the_update_itself(make_exp, tmp_
     out = {}
     for pass_ in (False, True):
         tr = trainer_for(exp, "grpo", cfg, args={"kl_coef": 0.05}, out=tmp_path / str(pass_))
-        assert not tr.old_pass
-        tr.old_pass = pass_
+        assert not tr.training_step.shape.old_pass
+        tr.training_step.shape.old_pass = pass_
         calls: list[int] = []
 
-        def counted(*a, calls=calls, no_grad=tr._no_grad_pass, **k):
+        def counted(*a, calls=calls, no_grad=tr.training_step._no_grad_pass, **k):
             calls.append(1)
             return no_grad(*a, **k)
 
-        tr._no_grad_pass = counted
+        tr.training_step._no_grad_pass = counted
         torch.manual_seed(0)
         out[pass_] = tr.step(0), state(tr.policy), len(calls)
     (m0, w0, n0), (m1, w1, n1) = out[False], out[True]
@@ -170,7 +173,9 @@ def test_one_update_per_batch_takes_pi_old_from_the_update_itself(make_exp, tmp_
     assert m0["rollout/logprob_abs_diff"] < 1e-4
     assert all(torch.allclose(w0[k], w1[k], atol=1e-6) for k in w0)
     ppo = trainer_for(exp, "ppo", cfg, out=tmp_path / "ppo")  # GAE reads the old values first
-    assert ppo.old_pass and trainer_for(exp, "grpo", replace(cfg, epochs=2), out=tmp_path / "e2").old_pass
+    assert ppo.training_step.shape.old_pass and trainer_for(
+        exp, "grpo", replace(cfg, epochs=2), out=tmp_path / "e2"
+    ).training_step.shape.old_pass
 
 
 def test_resume_repeats_an_uninterrupted_run(make_exp, tmp_path, monkeypatch):

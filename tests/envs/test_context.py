@@ -219,7 +219,7 @@ def test_grpo_trains_on_folded_episodes(make_exp, agent_model_dir):
         "env.context={max_tokens: 100, max_segments: 3, summary_max_tokens: 60}",
     )
     tr = trainer_for(exp, "grpo", TrainerConfig(steps=2, batch_size=2, micro_batch_size=8, save_every=2))
-    assert tr.rows == 2 * 4 * 3  # questions x group x rows per episode
+    assert tr.training_step.shape.rows == 2 * 4 * 3  # questions x group x rows per episode
     tr.run()
     rows = read_metrics(exp.out / "metrics.jsonl")
     assert len(rows) == 2 and all("rollout/context_folds" in r for r in rows)

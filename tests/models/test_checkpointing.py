@@ -77,6 +77,7 @@ def test_generation_with_checkpointing_is_unchanged(tiny_model_dir):
 
 
 def make_trainer(make_exp, tmp_path, algorithm: str, *overrides: str):
+    from searchrl.algorithms import algorithm_config
     from searchrl.app.runtime import Runtime
     from searchrl.core.config import SamplesConfig, TrainerConfig
     from searchrl.engine.trainer import Trainer
@@ -87,7 +88,7 @@ def make_trainer(make_exp, tmp_path, algorithm: str, *overrides: str):
     )
     return Trainer(
         algorithm=algorithm,
-        algorithm_args={"group_size": 2},
+        config=algorithm_config(algorithm, {"group_size": 2}),
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=tmp_path / "out",

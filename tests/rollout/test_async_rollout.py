@@ -199,8 +199,8 @@ def async_trainer(make_exp, agent_model_dir, tmp_path, *overrides, **async_cfg):
 
 def test_grpo_trains_asynchronously_end_to_end(make_exp, agent_model_dir, tmp_path):
     tr = async_trainer(make_exp, agent_model_dir, tmp_path)
-    started, start = [], tr._start_pipeline
-    tr._start_pipeline = lambda step: (start(step), started.append(tr.pipeline))
+    started, start = [], tr.rollouts.start
+    tr.rollouts.start = lambda step: (start(step), started.append(tr.rollouts.worker))
     tr.run()
     # the worker's copy received every step's weights: version 3, equal to the trained policy
     (worker,) = started
@@ -211,7 +211,7 @@ def test_grpo_trains_asynchronously_end_to_end(make_exp, agent_model_dir, tmp_pa
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert rows[0]["async/staleness_max"] == 0  # step 0's episodes were sampled by the initial weights
-    assert all(r["rollout_corr/w_mean"] > 0 for r in rows) and tr.pipeline is None  # closed
+    assert all(r["rollout_corr/w_mean"] > 0 for r in rows) and tr.rollouts.worker is None  # closed
     check_shipped_weights(rows)
 
 
@@ -254,10 +254,10 @@ def test_lora_ships_the_adapter_and_the_copy_equals_the_trainer(exp):
 def test_max_staleness_zero_is_the_synchronous_trainer(exp, tmp_path):
     cfg = TrainerConfig(steps=1, batch_size=2, micro_batch_size=8, lr=1e-3, save_every=10**6)
     tr = trainer_for(exp, "grpo", cfg, out=tmp_path / "z")
-    assert cfg.async_rollout.max_staleness == 0 and tr.pipeline is None
+    assert cfg.async_rollout.max_staleness == 0 and tr.rollouts.worker is None
     torch.manual_seed(0)
     m = tr.step(0)
-    assert tr.pipeline is None and not any(k.startswith("async/") for k in m)
+    assert tr.rollouts.worker is None and not any(k.startswith("async/") for k in m)
 
 
 def test_rollout_without_a_stream_keeps_versions_empty(exp):
@@ -324,11 +324,11 @@ def test_grpo_trains_with_a_worker_process(make_exp, agent_model_dir, tmp_path, 
     tr = async_trainer(make_exp, agent_model_dir, tmp_path, *over, worker="process", worker_threads=1)
     seen: dict = {}
     probe = tr.tokenizer("Question: who is Keve?\n")["input_ids"]
-    start = tr._start_pipeline
+    start = tr.rollouts.start
 
     def started(step):
         start(step)
-        p = tr.pipeline
+        p = tr.rollouts.worker
         assert isinstance(p, ProcessRollout)
         close = p.close
 
@@ -339,7 +339,7 @@ def test_grpo_trains_with_a_worker_process(make_exp, agent_model_dir, tmp_path, 
 
         p.close = closing
 
-    tr._start_pipeline = started
+    tr.rollouts.start = started
     tr.run()
     assert seen["version"] == 3
     ours = dict(tr.policy.named_parameters())
@@ -369,19 +369,19 @@ def test_a_failing_worker_process_stops_the_trainer_with_its_error(make_exp, age
         make_exp, agent_model_dir, tmp_path, worker="process", worker_threads=1, max_restarts=0
     )
     moved = tmp_path / "elsewhere"
-    tr.model_path = moved  # the worker loads the architecture from here: nothing there
-    tr._start_pipeline(0)
+    tr.rollouts.model_path = moved  # the worker loads the architecture from here: nothing there
+    tr.rollouts.start(0)
     with pytest.raises(RuntimeError, match=r"failed before step 0's episodes:(.|\n)*elsewhere"):
-        tr.pipeline.take(0)
-    tr.pipeline.close()
+        tr.rollouts.worker.take(0)
+    tr.rollouts.worker.close()
 
     shutil.copytree(agent_model_dir, moved)
-    tr._start_pipeline(0)
-    tr.pipeline.take(0)  # the worker is up
-    os.kill(tr.pipeline._proc.pid, signal.SIGKILL)
+    tr.rollouts.start(0)
+    tr.rollouts.worker.take(0)  # the worker is up
+    os.kill(tr.rollouts.worker._proc.pid, signal.SIGKILL)
     with pytest.raises(RuntimeError, match="exited with code -9"):
-        tr.pipeline.take(2)
-    tr.pipeline.close()
+        tr.rollouts.worker.take(2)
+    tr.rollouts.worker.close()
 
 
 def test_a_killed_worker_process_is_started_again_and_the_run_finishes(make_exp, agent_model_dir, tmp_path):

@@ -142,6 +142,7 @@ def vllm_grpo(make_exp, model_dir, memory, cfg, over=None, **args):
     trainer of 4 samples a question with a length reward (so every step has signal)."""
     import json
 
+    from searchrl.algorithms import algorithm_config
     from searchrl.app.runtime import Runtime
     from searchrl.engine.trainer import Trainer
 
@@ -155,7 +156,7 @@ def vllm_grpo(make_exp, model_dir, memory, cfg, over=None, **args):
     )
     tr = Trainer(
         algorithm="grpo",
-        algorithm_args={"kl_coef": 0.0, "group_size": 4, **args},
+        config=algorithm_config("grpo", {"kl_coef": 0.0, "group_size": 4, **args}),
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
@@ -295,11 +296,11 @@ def test_asynchronous_rollouts_in_a_worker_process_on_vllm(make_exp, small_model
     exp, tr = vllm_grpo(make_exp, small_model_dir, 0.2, cfg, over, rollout_correction={"mode": "token_tis"})
     probe = tr.tokenizer("Question: who is Keve?\n")["input_ids"]
     seen = {}
-    start = tr._start_pipeline
+    start = tr.rollouts.start
 
     def started(step):
         start(step)
-        p, close = tr.pipeline, tr.pipeline.close
+        p, close = tr.rollouts.worker, tr.rollouts.worker.close
 
         def closing():
             seen["sample"] = p.worker_sample(probe, SamplingParams(temperature=1.0, max_new_tokens=12))
@@ -308,7 +309,7 @@ def test_asynchronous_rollouts_in_a_worker_process_on_vllm(make_exp, small_model
 
         p.close = closing
 
-    tr._start_pipeline = started
+    tr.rollouts.start = started
     tr.run()
     assert tr.ctx.generator._llm is None  # the trainer's generator never started an engine
     rows = read_metrics(exp.out / "metrics.jsonl")

@@ -38,12 +38,23 @@ for _name in ("clip", "gspo", "gspo_token", "cispo", "gmpo", "sapo"):
     POLICY_LOSSES.add_lazy(_name, f"searchrl.algorithms.policy_losses:{_name}")
 
 
-def requirements(name: str, args: dict[str, Any], env: EnvConfig, source: str = "<config>") -> Requirements:
-    """What algorithm ``name`` with ``args`` (its config, checked) needs from the trainer."""
+def algorithm_config(
+    name: str, args: dict[str, Any], source: str = "<config>", key: str = "algorithm"
+) -> Any:
+    """Algorithm ``name``'s typed ``Config`` from its arguments (``algorithm:`` without ``name``)."""
     from searchrl.core.config import from_dict
 
     cls: Any = ALGORITHMS.get(name)
-    return cls.requires(from_dict(cls.Config, args, source=source, key="algorithm"), env)  # type: ignore[no-any-return]
+    return from_dict(cls.Config, args, source=source, key=key)
 
 
-__all__ = ["ADVANTAGES", "ALGORITHMS", "POLICY_LOSSES", "requirements"]
+def requirements(name: str, config: Any, env: EnvConfig, source: str = "<config>") -> Requirements:
+    """What algorithm ``name`` with ``config`` (its typed ``Config``, or its arguments as a dict, converted
+    here) needs from the trainer."""
+    cls: Any = ALGORITHMS.get(name)
+    if isinstance(config, dict):
+        config = algorithm_config(name, config, source)
+    return cls.requires(config, env)  # type: ignore[no-any-return]
+
+
+__all__ = ["ADVANTAGES", "ALGORITHMS", "POLICY_LOSSES", "algorithm_config", "requirements"]

@@ -311,9 +311,9 @@ def cmd_train(args: argparse.Namespace) -> None:
             "--resume continues a run from its checkpoints and --force deletes them to start over: pass one"
         )
     exp = load_experiment(args.config, args.overrides)
-    check_arguments(exp, args.config)
+    resolved = check_arguments(exp, args.config)
     check_paths(exp, args.config)
-    train(exp, resume=args.resume, force=args.force)
+    train(exp, resume=args.resume, force=args.force, resolved=resolved)
 
 
 def _kv(items: list[str]) -> dict:

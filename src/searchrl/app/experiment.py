@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +81,42 @@ def check_names(ctx: Ctx) -> None:
             raise ctx.error(key, "invalid value", value=value, choices=choices)
 
 
-def check_arguments(exp: Experiment, source: str = "<config>", training: bool = True) -> None:
-    """Deeper checks that import the named objects: algorithm arguments against the algorithm's
-    ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
-    file will train its algorithm) that the algorithm can train the agent design."""
-    _check_algorithm(exp, source, training)
-    _check_named_args(exp.process_data, source, "process_data")
+@dataclass(frozen=True)
+class Resolved:
+    """The experiment's algorithm arguments converted to their typed configs, once (`resolve`): the plan's
+    stages carry them to the trainer."""
+
+    algorithm: Any  # the algorithm's ``Config`` (None: the file has no algorithm section)
+    warm_start: Any  # the SFT warm start's `SFTConfig` (None: no warm start)
+
+
+def resolve(exp: Experiment, source: str = "<config>") -> Resolved:
+    """``algorithm`` and ``warm_start.args`` converted to their typed configs, their names checked."""
+    from searchrl.algorithms import ALGORITHMS
+
+    algo = None
+    if exp.algorithm is not None:
+        cls: Any = ALGORITHMS.get(exp.algorithm.name)
+        algo = from_dict_checked(cls.Config, exp.algorithm.args, source, "algorithm")
+    warm = None
     if exp.warm_start is not None:  # the SFT warm start's arguments, under their own key
         from searchrl.algorithms.sft import SFTConfig
 
-        from_dict_checked(SFTConfig, exp.warm_start.args, source, "warm_start.args")
+        warm = from_dict_checked(SFTConfig, exp.warm_start.args, source, "warm_start.args")
+    return Resolved(algo, warm)
+
+
+def check_arguments(exp: Experiment, source: str = "<config>", training: bool = True) -> Resolved:
+    """Deeper checks that import the named objects: algorithm arguments against the algorithm's
+    ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
+    file will train its algorithm) that the algorithm can train the agent design. Returns the typed configs
+    (`resolve`), for `searchrl.app.plan.plan`."""
+    resolved = resolve(exp, source)
+    _check_algorithm(exp, resolved.algorithm, source, training)
+    _check_named_args(exp.process_data, source, "process_data")
     _check_env_arguments(exp, source)
     _check_reward_arguments(exp, source)
+    return resolved
 
 
 def _local_path(path: str) -> bool:
@@ -195,7 +220,7 @@ def _check_data_source(exp: Experiment, source: str) -> None:
             raise ConfigError("no such file", file=source, key=f"data.{split}", value=getattr(d, split))
 
 
-def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
+def _check_algorithm(exp: Experiment, conf: Any, source: str, training: bool) -> None:
     """The algorithm's arguments, that it can train the agent design, the asynchronous-rollout refusal, and
     a process reward where the algorithm places per-step rewards."""
     from searchrl.algorithms import ALGORITHMS, requirements
@@ -205,9 +230,8 @@ def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
 
     if exp.algorithm is not None:
         algo: Any = ALGORITHMS.get(exp.algorithm.name)
-        conf = from_dict_checked(algo.Config, exp.algorithm.args, source, "algorithm")
         _check_named_args(conf, source, "algorithm")
-        req = requirements(exp.algorithm.name, exp.algorithm.args, exp.env, source)
+        req = requirements(exp.algorithm.name, conf, exp.env, source)
         if training and req.online and exp.env.agent in RERENDERED_AGENTS:
             raise ConfigError(
                 f"agent '{exp.env.agent}' re-renders its state at every step, so an episode is not one token "

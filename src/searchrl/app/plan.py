@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from searchrl.core.config import Experiment, TrainerConfig
 from searchrl.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from searchrl.app.experiment import Resolved
 
 BASE, WARM = "base", "sft"  # the names of the start models a stage or an evaluation may refer to
 
@@ -26,7 +29,7 @@ BASE, WARM = "base", "sft"  # the names of the start models a stage or an evalua
 class Stage:
     name: str  # the stage's own name, the key its trained model is known by
     algorithm: str
-    args: dict[str, Any]
+    config: Any  # the algorithm's typed ``Config``, converted once (`searchrl.app.experiment.resolve`)
     trainer: TrainerConfig
     out: Path  # the stage's directory (checkpoints/, final/, metrics.jsonl)
     start: str  # BASE, WARM, or a model directory
@@ -49,15 +52,20 @@ class Plan:
     process_data: str | None  # collected process data the main stage reads
 
 
-def plan(exp: Experiment) -> Plan:
+def plan(exp: Experiment, resolved: Resolved | None = None) -> Plan:
+    """The stages and evaluations of ``exp``; ``resolved``: its typed configs where
+    `searchrl.app.experiment.check_arguments` already converted them (else they are converted here)."""
     from searchrl.algorithms import requirements
+    from searchrl.app.experiment import resolve
 
     if exp.algorithm is None:
         raise ConfigError(
             "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
         )
+    if resolved is None:
+        resolved = resolve(exp)
     algo = exp.algorithm.name
-    req = requirements(algo, exp.algorithm.args, exp.env)
+    req = requirements(algo, resolved.algorithm, exp.env)
     kind = req.data  # None (online), "trajectories" or "pairs"
     process = exp.process_data.out if kind else None
     if kind == "pairs" and process is None:
@@ -77,13 +85,15 @@ def plan(exp: Experiment) -> Plan:
         if ws.checkpoint is not None:
             start = str(ws.checkpoint)
         else:
-            stages.append(Stage(WARM, "sft", dict(ws.args), ws.trainer, exp.out / "sft", BASE, "teacher"))
+            stages.append(
+                Stage(WARM, "sft", resolved.warm_start, ws.trainer, exp.out / "sft", BASE, "teacher")
+            )
             start = WARM
             teacher_passes = ws.teacher_passes
         evaluations.append(Evaluation(WARM, start))
     data = "online" if kind is None else "teacher" if teacher_main else f"process-{kind}"
     name = algo if algo != WARM or not warm else f"{algo} (process data)"
-    stages.append(Stage(name, algo, dict(exp.algorithm.args), exp.trainer, exp.out, start, data))  # type: ignore[arg-type]
+    stages.append(Stage(name, algo, resolved.algorithm, exp.trainer, exp.out, start, data))  # type: ignore[arg-type]
     if req.acts:
         evaluations.append(Evaluation(name, name))
     else:

@@ -13,12 +13,15 @@ import json
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from searchrl.app.runtime import Runtime, local_model_dir
 from searchrl.core.config import Experiment
 from searchrl.core.errors import ConfigError
 from searchrl.data.example import read_jsonl, write_jsonl
+
+if TYPE_CHECKING:
+    from searchrl.app.experiment import Resolved
 
 
 def teacher_sft_records(rt: Runtime, passes: int) -> list[dict[str, Any]]:
@@ -149,7 +152,7 @@ def evaluate_best_of_n(
 def run_stage(
     rt: Runtime,
     algorithm: str,
-    args: dict[str, Any],
+    config: Any,
     model: Path,
     trainer_cfg: Any,
     out: Path,
@@ -170,7 +173,7 @@ def run_stage(
         )
     trainer = Trainer(
         algorithm=algorithm,
-        algorithm_args=args,
+        config=config,
         model_path=model.resolve(),
         cfg=trainer_cfg,
         out_dir=out,
@@ -185,15 +188,18 @@ def run_stage(
     return trainer.run(evaluator)
 
 
-def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[str, Any]:
+def train(
+    exp: Experiment, resume: bool = False, force: bool = False, resolved: Resolved | None = None
+) -> dict[str, Any]:
     """Run `searchrl.app.plan.plan(exp)`: its stages, then its evaluations. ``force``: start over in a run
-    directory trained with another config (its results are deleted)."""
+    directory trained with another config (its results are deleted); ``resolved``: the typed configs
+    `searchrl.app.experiment.check_arguments` returned."""
     from searchrl.app.plan import BASE, plan
     from searchrl.app.rundir import check_run_dir, claim_run_dir
     from searchrl.engine.engine import distributed_state, wait_for_main
 
     state = distributed_state(exp.distributed.timeout)
-    p = plan(exp)
+    p = plan(exp, resolved)
     rt = Runtime(exp)
     out = exp.out
     records = None
@@ -217,7 +223,7 @@ def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[st
             data = (load_pairs if stage.data == "process-pairs" else load_sft)(p.process_data)
         start = models.get(stage.start, Path(stage.start))
         models[stage.name] = run_stage(
-            rt, stage.algorithm, stage.args, start, stage.trainer, stage.out, data, resume
+            rt, stage.algorithm, stage.config, start, stage.trainer, stage.out, data, resume
         )
     results: dict[str, Any] = {}
     for ev in p.evaluations:  # every process evaluates its shard

@@ -11,15 +11,21 @@ processes before the check, so every process trips at the same step. Non-finite 
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchrl.core.errors import SearchRLError
+from searchrl.engine.engine import Engine, NonFiniteError
 
 if TYPE_CHECKING:
-    from searchrl.core.config import GuardConfig
+    from searchrl.algorithms.base import Algorithm
+    from searchrl.core.config import GuardConfig, GuardsConfig
+    from searchrl.engine.checkpoint import Checkpointer
+    from searchrl.engine.metrics import MetricsSink
 
 # monitor names -> the metrics.jsonl keys they watch
 MONITORS = {
@@ -95,3 +101,71 @@ class Guards:
                 )
                 return Trip(step, g.metric, key, mean, bound, g.window)
         return None
+
+
+class Rollback:
+    """What a trip does (``trainer.guards.on_trip``): stop with a message naming the monitor and the last good
+    checkpoint, or restore that checkpoint and go on at a smaller learning rate. The run's trips are kept in
+    ``guards.json`` (over resumes too)."""
+
+    def __init__(
+        self,
+        cfg: GuardsConfig,
+        engine: Engine,
+        ckpt: Checkpointer,
+        algo: Algorithm,
+        optimizer: Any,
+        scheduler: Any,
+        sink: MetricsSink,
+        out: Path,
+        resume: bool,
+    ) -> None:
+        self.cfg, self.engine, self.ckpt, self.algo = cfg, engine, ckpt, algo
+        self.optimizer, self.scheduler, self.sink, self.out = optimizer, scheduler, sink, out
+        log = out / "guards.json"
+        self.trips: list[dict[str, Any]] = (
+            json.loads(log.read_text())["trips"] if resume and log.exists() else []
+        )
+
+    def __call__(self, trip: Trip, guards: Guards) -> int:
+        """A guard tripped (or a value went non-finite) at ``trip.step``: record it, then stop with a message
+        naming the monitor and the last good checkpoint, or (``on_trip: rollback``) restore that checkpoint,
+        scale the learning rate by ``lr_scale`` and return the step to continue from. The last good
+        checkpoint is the newest one saved before the window of bad values began: step t's metrics come
+        from the policy of checkpoint t − 1, so a window over steps T−W+1…T condemns checkpoints T−W on."""
+        g, eng = self.cfg, self.engine
+        good = self.ckpt.latest_before(trip.step - trip.window - 1)
+        rollbacks = sum(t.get("action") == "rollback" for t in self.trips)
+        rollback = g.on_trip == "rollback" and good is not None and rollbacks < g.max_rollbacks
+        entry = {**trip.record(), "action": "rollback" if rollback else "stop", "checkpoint": str(good)}
+        if rollback:
+            assert good is not None
+            state = self.ckpt.load(good)
+            self.algo.load_state_dict(state.get("algorithm", {}))
+            eng.scale_lr(self.optimizer, self.scheduler, g.lr_scale)
+            self.ckpt.discard_after(good)
+            entry["discarded_metrics"] = self.sink.rewind(int(state["step"]))
+            entry["lr_scale"] = g.lr_scale ** (rollbacks + 1)
+        self.trips.append(entry)
+        if eng.is_main:
+            (self.out / "guards.json").write_text(json.dumps({"trips": self.trips}, indent=1) + "\n")
+        if rollback:
+            guards.reset()
+            eng.print(
+                f"{trip.describe()}; rolled back to {good} (step {state['step']}), learning rate x{entry['lr_scale']:g}"
+            )
+            return int(state["step"])
+        why = (
+            ""
+            if g.on_trip == "stop"
+            else f" (no checkpoint before step {trip.step - trip.window} to roll back to)"
+            if good is None
+            else f" (trainer.guards.max_rollbacks = {g.max_rollbacks} reached)"
+        )
+        where = f"the last good checkpoint is {good or '(none yet)'}"
+        if trip.bound == "finite":
+            raise NonFiniteError(
+                f"training stopped at step {trip.step}: {trip.metric}{why}. Nothing was saved for this step; "
+                f"{where}. Lower trainer.lr or check the rewards."
+            ) from None
+        raise GuardTrip(f"training stopped by a collapse guard at {trip.describe()}{why}; {where}.")

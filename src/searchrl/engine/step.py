@@ -8,8 +8,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from searchrl.core.types import RolloutBatch, Segment, Trajectory
 from searchrl.engine.balance import balance
 from searchrl.engine.engine import Engine, NonFiniteError
 from searchrl.engine.precision import Float32Gradients
+from searchrl.engine.rollouts import Rollouts
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule
 from searchrl.envs.context import last_rows
@@ -33,40 +33,63 @@ from searchrl.models.policy import Reference, forward, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
 
 
-class TrainingStep:
-    """The step of `searchrl.engine.trainer.Trainer`, which sets these attributes in its constructor."""
+@dataclass
+class Optimized:
+    """The model a step trains and what updates it."""
 
-    engine: Engine
-    algo: Algorithm
-    algorithm: str
-    cfg: TrainerConfig
-    req: Requirements
-    ctx: Context
     policy: Any
     optimizer: Any
     scheduler: Any
     tokenizer: Any
-    reference: Reference | None
-    schedule: Schedule
-    samples: SampleRecorder
-    correction: RolloutCorrection | None
-    pipeline: Any
+    reference: Reference | None = None  # the frozen reference model, where the algorithm reads its log-probs
     # float32 sums of the low-precision gradients across an update's micro-batches (with master weights)
-    grads32: Float32Gradients | None
-    rows: int
-    micro: int
+    grads32: Float32Gradients | None = None
+
+
+@dataclass
+class StepShape:
+    """How every step is laid out, decided once by the trainer."""
+
+    algorithm: str  # the algorithm's registry name (for messages)
+    rows: int  # training rows per process per step (the algorithm's declared count, padded to)
+    micro: int  # rows per micro-batch
     seed: int
-    temperature: float
-    old_pass: bool
-    _service_totals: dict[str, float]
-    _sampler_diff: list[float]
-    _version_diff: list[float]
-    _corr_sums: dict[str, float]
-    _grad_norms: list[float]
-    # the trainer's: this step's rows from the asynchronous worker or the algorithm, and their metrics
-    _collect: Callable[[int, list[int]], tuple[list[Trajectory], dict[str, float]]]
-    # the trainer's: the weights of optimizer step N into the asynchronous worker's sampler
-    _ship: Callable[[int], None]
+    temperature: float  # the sampling temperature the log-probs are computed at (1 offline)
+    old_pass: bool  # π_old from a no-grad pass before the updates (else from the one update's own forward)
+
+
+class TrainingStep:
+    """One step of the shared loop, given everything it works on: the engine, the algorithm (and the `Context`
+    it was built with), the model being trained, where the rows come from, the schedule of items, the recorder
+    of samples and the sampler-trainer correction. `searchrl.engine.trainer.Trainer` builds it."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        algo: Algorithm,
+        cfg: TrainerConfig,
+        req: Requirements,
+        ctx: Context,
+        model: Optimized,
+        rollouts: Rollouts,
+        schedule: Schedule,
+        samples: SampleRecorder,
+        correction: RolloutCorrection | None,
+        shape: StepShape,
+    ) -> None:
+        self.engine, self.algo, self.cfg, self.req, self.ctx = engine, algo, cfg, req, ctx
+        self.model, self.rollouts, self.schedule, self.samples = model, rollouts, schedule, samples
+        self.correction, self.shape = correction, shape
+        self.service_totals: dict[str, float] = {}  # judge / summarizer requests and failures over the run
+        # this step's sampler-trainer accumulators and gradient norms (reset by `_collect_batch`, `_updates`)
+        self._sampler_diff: list[float] = []
+        self._version_diff: list[float] = []
+        self._corr_sums: dict[str, float] = defaultdict(float)
+        self._grad_norms: list[float] = []
+
+    def __call__(self, step: int) -> dict[str, float]:
+        return self.step(step)
 
     def _logprobs(
         self, model: Any, batch: RolloutBatch, entropy: bool = False, values: bool = False, negatives: int = 0
@@ -83,15 +106,15 @@ class TrainingStep:
             attn = packed.attention
         if self.cfg.lean_logprobs:
             logp, ent, v = forward_lean(
-                model, ids, attn, mask, self.temperature, entropy, values, negatives, position_ids=pos
+                model, ids, attn, mask, self.shape.temperature, entropy, values, negatives, position_ids=pos
             )
         else:
             logits, v = forward(model, ids, attn, values=values, position_ids=pos)
-            logp = token_logprobs(logits, ids, self.temperature, mask=mask)
+            logp = token_logprobs(logits, ids, self.shape.temperature, mask=mask)
             ent = None
             if entropy:
                 with torch.no_grad():
-                    ent = token_entropy(logits.detach() / self.temperature, mask)
+                    ent = token_entropy(logits.detach() / self.shape.temperature, mask)
         if packed is None:
             return logp, ent, v
         return tuple(None if x is None else packed.unpack(x) for x in (logp, ent, v))  # type: ignore[return-value]
@@ -117,8 +140,8 @@ class TrainingStep:
         order = batch.attention_mask.sum(-1).argsort(stable=True)
         out = torch.zeros_like(batch.loss_mask)
         vals = torch.zeros_like(batch.loss_mask) if values else None
-        for i in range(0, len(batch), self.micro):
-            idx = order[i : i + self.micro]
+        for i in range(0, len(batch), self.shape.micro):
+            idx = order[i : i + self.shape.micro]
             mb = batch.select(idx.tolist())
             width = int(mb.attention_mask.sum(-1).max())  # drop all-padding columns
             lp, _, v = self._logprobs(model, mb.trim(width), values=values)
@@ -167,7 +190,7 @@ class TrainingStep:
             "rollout/logprob_abs_diff": Mean(total, tokens),
             "rollout/logprob_max_diff": Max(worst),
         }
-        if self.pipeline is not None:
+        if self.rollouts.worker is not None:
             # split by the version that sampled: the trainer's current weights (the kernels' mismatch, and in a
             # partial rollout the keys and values older versions cached) and older versions (staleness)
             f_sum, f_n, f_max, s_sum, s_n = self._version_diff
@@ -204,20 +227,22 @@ class TrainingStep:
         g_tokens = eng.sum(norm.sum())
         g_seqs = eng.sum(float((norm.sum(-1) > 0).sum()))
         norm_len = float(self.ctx.max_total_tokens)
-        self.policy.train()
+        self.model.policy.train()
         # micro-batches of similar lengths waste less compute on padding; the global normalisation makes
         # the loss independent of how sequences are grouped
         batch = batch.select(self._length_order(batch))
-        if self.grads32 is not None:
-            self.grads32.clear()
-        for i in range(0, len(batch), self.micro):
-            mb = batch.select(slice(i, i + self.micro))
+        if self.model.grads32 is not None:
+            self.model.grads32.clear()
+        for i in range(0, len(batch), self.shape.micro):
+            mb = batch.select(slice(i, i + self.shape.micro))
             mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
-            with eng.accumulate(self.policy):
+            with eng.accumulate(self.model.policy):
                 logp, ent, values = self._logprobs(
-                    self.policy, mb, self.cfg.log_entropy, self.req.value_head, algo.softmax_negatives
+                    self.model.policy, mb, self.cfg.log_entropy, self.req.value_head, algo.softmax_negatives
                 )
-                if self.req.old_logprobs and not self.old_pass:  # one update per batch: π_old is π_θ now
+                if (
+                    self.req.old_logprobs and not self.shape.old_pass
+                ):  # one update per batch: π_old is π_θ now
                     mb.extras["old_logp"] = logp.detach()
                     self._mismatch(mb.extras["old_logp"], mb)
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
@@ -226,23 +251,23 @@ class TrainingStep:
                     mb.extras.get("norm_mask", mb.loss_mask), algo.loss_agg, g_tokens, g_seqs, norm_len
                 )
                 loss = (loss_tok * w).sum()
-                if self.grads32 is not None:
-                    self.grads32.before_backward(last=eng.sync_gradients)
+                if self.model.grads32 is not None:
+                    self.model.grads32.before_backward(last=eng.sync_gradients)
                 eng.backward(loss)
-                if self.grads32 is not None:
-                    self.grads32.after_backward(last=eng.sync_gradients)
+                if self.model.grads32 is not None:
+                    self.model.grads32.after_backward(last=eng.sync_gradients)
                 if eng.sync_gradients:
                     # the norm is global: every process stops here together, never one alone
-                    grad_norm = eng.clip_grad_norm(self.policy)
+                    grad_norm = eng.clip_grad_norm(self.model.policy)
                     if not math.isfinite(grad_norm):
                         bad = eng.take_nonfinite_loss()
                         raise NonFiniteError(
                             f"loss is {bad}" if bad is not None else f"gradient norm is {grad_norm}"
                         )
                     self._grad_norms.append(grad_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad()
+                self.model.optimizer.step()
+                self.model.scheduler.step()
+                self.model.optimizer.zero_grad()
             # metrics: global token means; pair metrics (one value per row) are means over the pairs
             mean_w = (
                 w
@@ -273,9 +298,11 @@ class TrainingStep:
             local.update(self._mismatch_metrics())
         if self.ctx.generator is not None:
             self.ctx.generator.release()  # the weights changed (a vLLM engine re-syncs before its next rollout)
-        if self.pipeline is not None:  # the worker samples with these weights from its next decode step
+        if (
+            self.rollouts.worker is not None
+        ):  # the worker samples with these weights from its next decode step
             with self.engine.phase("weight sync", step):
-                self._ship(step + 1)
+                self.rollouts.ship(step + 1)
         local.update(self._step_metrics(trajs, batch, sums, t_collect, t0))
         out = self._reduce(local, step)
         self.samples.finish(out)
@@ -286,13 +313,15 @@ class TrainingStep:
         eng = self.engine
         indices = self.schedule.indices(step)[eng.rank :: eng.world_size]
         with eng.phase("collect", step):
-            trajs, collect_metrics = self._collect(step, indices)
+            trajs, collect_metrics = self.rollouts.collect(step, indices)
             _debug_stall(eng, step, "collect")
         if self.cfg.balance_ranks:  # whole groups moved to even out the processes' tokens (`engine.balance`)
-            trajs, moved = balance(trajs, eng, self.rows)
+            trajs, moved = balance(trajs, eng, self.shape.rows)
             collect_metrics = {**collect_metrics, **moved}
         trajs = self._pad(trajs)
-        batch = build_batch(trajs, self.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(eng.device)
+        batch = build_batch(trajs, self.model.tokenizer.pad_token_id, self.ctx.max_total_tokens).to(
+            eng.device
+        )
         self.samples.start(step, trajs, batch)
         self._sampler_diff = [0.0, 0.0, 0.0]  # |sampled − recomputed log-prob|: sum, tokens, max
         self._version_diff = [0.0] * 5  # the same over tokens of the current version (sum, n, max) and older
@@ -302,16 +331,16 @@ class TrainingStep:
     def _old_and_reference(self, batch: RolloutBatch, step: int) -> None:
         """π_old's log-probs (and values) and the reference's, where the algorithm reads them, into extras."""
         eng = self.engine
-        if self.old_pass:
+        if self.shape.old_pass:
             with eng.phase("old log-probs", step):
                 batch.extras["old_logp"], old_values = self._no_grad_pass(
-                    self.policy, batch, self.req.value_head
+                    self.model.policy, batch, self.req.value_head
                 )
             if old_values is not None:
                 batch.extras["old_values"] = old_values
             self._mismatch(batch.extras["old_logp"], batch)
-        if self.reference is not None:
-            with eng.phase("reference log-probs", step), self.reference.model() as ref:
+        if self.model.reference is not None:
+            with eng.phase("reference log-probs", step), self.model.reference.model() as ref:
                 batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)[0]
 
     def _updates(self, batch: RolloutBatch, step: int) -> dict[str, float]:
@@ -320,7 +349,7 @@ class TrainingStep:
         sums: dict[str, float] = defaultdict(float)
         self._grad_norms = []
         n = len(batch)
-        gen = torch.Generator().manual_seed(self.seed * 7919 + step)
+        gen = torch.Generator().manual_seed(self.shape.seed * 7919 + step)
         with self.engine.phase("update", step):
             for _ in range(cfg.epochs):
                 order = torch.randperm(n, generator=gen) if cfg.mini_batches > 1 else torch.arange(n)
@@ -357,7 +386,7 @@ class TrainingStep:
             local["train/em"] = Mean(em, len(episodes))
         local.update(
             {
-                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/lr": self.model.scheduler.get_last_lr()[0],
                 "train/sequences": Sum(float(trained.sum())),
                 "train/action_tokens": Sum(float(batch.loss_mask.sum())),
                 "time/collect_s": Max(t_collect),
@@ -381,32 +410,27 @@ class TrainingStep:
             )
         for k, v in out.items():  # totals over the run, equal on every process: all stop together
             if k.startswith("service/"):
-                self._service_totals[k] = self._service_totals.get(k, 0.0) + v
-        check_failure_rates(self._service_totals)
+                self.service_totals[k] = self.service_totals.get(k, 0.0) + v
+        check_failure_rates(self.service_totals)
         return out
 
-    def _generation_session(self) -> Any:
-        """The policy gathered once for a whole collection (a ZeRO-3 collective), reused by every
-        generation call inside; nothing for offline algorithms."""
-        return self.engine.for_generation(self.policy) if self.ctx.generator is not None else nullcontext()
-
     def _pad(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        """Exactly ``self.rows`` rows on every process: the same micro-batches, so the same collectives.
+        """Exactly ``self.shape.rows`` rows on every process: the same micro-batches, so the same collectives.
         Missing rows are empty (no loss tokens, no reward, a group of their own)."""
-        if len(trajs) > self.rows:
+        if len(trajs) > self.shape.rows:
             raise RuntimeError(
-                f"algorithm '{self.algorithm}' returned {len(trajs)} training rows for a step, more "
-                f"than the {self.rows} it declared (requirements.samples_per_item x items per process)"
+                f"algorithm '{self.shape.algorithm}' returned {len(trajs)} training rows for a step, more "
+                f"than the {self.shape.rows} it declared (requirements.samples_per_item x items per process)"
             )
-        pad = self.tokenizer.pad_token_id
-        base = -1 - self.engine.rank * self.rows
+        pad = self.model.tokenizer.pad_token_id
+        base = -1 - self.engine.rank * self.shape.rows
         return trajs + [
             Trajectory(
                 trajs[0].example if trajs else None,  # type: ignore[arg-type]
                 [Segment("prompt", [pad, pad])],
                 group_id=base - j,
             )
-            for j in range(self.rows - len(trajs))
+            for j in range(self.shape.rows - len(trajs))
         ]
 
 

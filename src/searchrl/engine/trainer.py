@@ -9,7 +9,6 @@ RNG states, so a resumed run repeats an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -18,22 +17,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 from searchrl.algorithms import ALGORITHMS
 from searchrl.algorithms.base import Algorithm, Context
 from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.core.config import ConfigError, TrainerConfig, from_dict
+from searchrl.core.config import ConfigError, TrainerConfig
 from searchrl.core.serving import failure_summary
-from searchrl.core.types import Trajectory
 from searchrl.engine.checkpoint import Checkpointer
 from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
-from searchrl.engine.guards import Guards, GuardTrip, Trip
+from searchrl.engine.guards import Guards, Rollback, Trip
 from searchrl.engine.metrics import MetricsSink
 from searchrl.engine.precision import Float32Gradients, use_master_weights
 from searchrl.engine.preemption import EXIT_PREEMPTED, Preempted, Preemption
+from searchrl.engine.rollouts import Rollouts
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule, batch_shape, make_optimizer
-from searchrl.engine.step import TrainingStep
-from searchrl.engine.weights import gathered, whole_copy
+from searchrl.engine.step import Optimized, StepShape, TrainingStep
 from searchrl.models.load import unpartitioned
 from searchrl.models.policy import Reference, load_policy
-from searchrl.models.weights import trainable_names
 from searchrl.rollout.generator import GENERATORS, SamplingParams, generator_options
 
 if TYPE_CHECKING:
@@ -58,15 +55,18 @@ class Resources(Protocol):
     def fresh(self) -> Resources: ...
 
 
-class Trainer(TrainingStep):
+class Trainer:
     """Built in the order the algorithm's `Requirements` dictate: batch shape, engine, policy (with a value
-    head when asked), optimizer, what the algorithm is handed (`Context`), reference model, checkpoints."""
+    head when asked), optimizer, what the algorithm is handed (`Context`), reference model, checkpoints; then
+    the parts it is composed of: where the rows come from (`Rollouts`), the step (`TrainingStep`), the metrics
+    (`MetricsSink`) and what a guard's trip does (`Rollback`). ``config`` is the algorithm's own typed config
+    (`searchrl.algorithms.algorithm_config`), converted once when the experiment was planned."""
 
     def __init__(
         self,
         *,
         algorithm: str,
-        algorithm_args: dict[str, Any],
+        config: Any,
         model_path: str | Path,
         cfg: TrainerConfig,
         out_dir: Path,
@@ -79,27 +79,30 @@ class Trainer(TrainingStep):
         self.cfg, self.out, self.seed, self.rt, self.algorithm = cfg, out_dir, seed, runtime, algorithm
         self.model_path = model_path  # the rollout worker's copy is loaded from it under DeepSpeed
         algo_cls: Any = ALGORITHMS.get(algorithm)
-        algo_cfg = from_dict(algo_cls.Config, algorithm_args, source="experiment", key="algorithm")
-        self.req = req = algo_cls.requires(algo_cfg, exp.env)
-        self._check_async(algo_cls, algo_cfg)  # before anything is loaded
-        self.rows, self.micro, accum = batch_shape(cfg, req, algorithm, distributed_state().num_processes)
+        if not isinstance(config, algo_cls.Config):
+            raise TypeError(
+                f"Trainer(config=...) takes algorithm '{algorithm}''s {algo_cls.Config.__name__}, got "
+                f"{type(config).__name__} (searchrl.algorithms.algorithm_config converts a dict)"
+            )
+        self.req = req = algo_cls.requires(config, exp.env)
+        self._check_async(algo_cls, config)  # before anything is loaded
+        rows, micro, accum = batch_shape(cfg, req, algorithm, distributed_state().num_processes)
         self.engine = eng = Engine(
             grad_accum=accum,
-            micro_batch_size=self.micro,
+            micro_batch_size=micro,
             max_grad_norm=cfg.max_grad_norm,
             mixed_precision=cfg.mixed_precision,
             seed=seed,
         )
         policy, self.tokenizer = self._load_policy()
-        groups = algo_cls.param_groups(algo_cfg, policy, cfg.lr)
+        groups = algo_cls.param_groups(config, policy, cfg.lr)
         master = use_master_weights(cfg.master_weights, groups, eng.is_deepspeed, eng.print)
         optimizer, scheduler = make_optimizer(cfg, groups, master_weights=master)
         self.policy, self.optimizer, self.scheduler = eng.prepare(policy, optimizer, scheduler)
         # with master weights, gradients are summed across micro-batches in float32 too
-        self.grads32 = Float32Gradients.of(groups, eng.world_size > 1) if master and accum > 1 else None
-        self.temperature = exp.rollout.temperature if req.online else 1.0
+        grads32 = Float32Gradients.of(groups, eng.world_size > 1) if master and accum > 1 else None
         self.ctx = self._context(records)
-        self.algo: Algorithm = algo_cls(algo_cfg, self.ctx)
+        self.algo: Algorithm = algo_cls(config, self.ctx)
         if self.algo.softmax_negatives and not cfg.lean_logprobs:
             raise ConfigError(
                 "a sampled softmax (sampled_softmax) needs the lean log-prob path",
@@ -111,19 +114,27 @@ class Trainer(TrainingStep):
             Reference(self.policy, eng, str(model_path), exp.model.dtype) if req.reference else None
         )
         # sampler-trainer correction of the online algorithms (None: the algorithm has no sampled log-probs)
-        corr = getattr(algo_cfg, "rollout_correction", None)
-        self.correction: RolloutCorrection | None = corr if req.online and req.old_logprobs else None
-        self.old_pass = self._old_pass(req, cfg)
+        corr = getattr(config, "rollout_correction", None)
+        correction: RolloutCorrection | None = corr if req.online and req.old_logprobs else None
         self.schedule = Schedule(self.algo.num_items(), cfg.batch_size, seed)
-        self.pipeline: Any = None  # the asynchronous rollout worker (`rollout.async_rollout`), started by run
         self.ckpt = Checkpointer(eng, out_dir, self.policy, self.tokenizer, keep=cfg.keep_checkpoints)
         self.start_step = self._resume() if resume else 0
-        self._service_totals: dict[str, float] = {}
-        # collapse-guard trips of this run (kept over resumes in guards.json)
-        log = out_dir / "guards.json"
-        self._trip_log: list[dict[str, Any]] = (
-            json.loads(log.read_text())["trips"] if resume and log.exists() else []
+        temperature = exp.rollout.temperature if req.online else 1.0
+        old_pass = _old_pass(req, cfg, correction)
+        self._compose(
+            StepShape(algorithm, rows, micro, seed, temperature, old_pass), grads32, correction, resume
         )
+
+    def _compose(
+        self,
+        shape: StepShape,
+        grads32: Float32Gradients | None,
+        correction: RolloutCorrection | None,
+        resume: bool,
+    ) -> None:
+        """The parts the trainer is made of, each handed what it uses: the sample recorder, the metrics sink,
+        where the rows come from (`Rollouts`), the step (`TrainingStep`) and what a trip does (`Rollback`)."""
+        cfg, eng, exp, out_dir = self.cfg, self.engine, self.rt.exp, self.out
         self.samples = SampleRecorder(
             out_dir, cfg.samples.groups, cfg.samples.every, self.tokenizer, enabled=eng.is_main
         )
@@ -134,8 +145,51 @@ class Trainer(TrainingStep):
             enabled=eng.is_main,
             tensorboard=cfg.tensorboard,
             wandb_project=cfg.wandb_project,
-            desc=algorithm,
+            desc=self.algorithm,
         )
+        self.rollouts = Rollouts(
+            engine=eng,
+            algo=self.algo,
+            ctx=self.ctx,
+            policy=self.policy,
+            tokenizer=self.tokenizer,
+            schedule=self.schedule,
+            cfg=cfg,
+            rollout=exp.rollout,
+            req=self.req,
+            model_path=self.model_path,
+            seed=self.seed,
+            load_whole=self._whole_policy,
+            worker_spec=lambda: {
+                "runtime": self.rt.fresh(),  # built again in the worker: nothing of this process's travels
+                "exp": exp,
+                "dtype": exp.model.dtype,
+                "lora": exp.model.lora,
+            },
+        )
+        self.training_step = TrainingStep(
+            engine=eng,
+            algo=self.algo,
+            cfg=cfg,
+            req=self.req,
+            ctx=self.ctx,
+            model=Optimized(
+                self.policy, self.optimizer, self.scheduler, self.tokenizer, self.reference, grads32
+            ),
+            rollouts=self.rollouts,
+            schedule=self.schedule,
+            samples=self.samples,
+            correction=correction,
+            shape=shape,
+        )
+        # collapse-guard trips of this run (kept over resumes in guards.json)
+        self.rollback = Rollback(
+            cfg.guards, eng, self.ckpt, self.algo, self.optimizer, self.scheduler, self.sink, out_dir, resume
+        )
+
+    def step(self, step: int) -> dict[str, float]:
+        """One training step (`TrainingStep`); its metrics, reduced over the processes."""
+        return self.training_step(step)
 
     def _load_policy(self, training: bool = True) -> tuple[Any, Any]:
         """The policy as configured (LoRA, value head) and its tokenizer; activation checkpointing only for
@@ -189,15 +243,6 @@ class Trainer(TrainingStep):
             sum_all=eng.sum,
         )
 
-    def _old_pass(self, req: Any, cfg: TrainerConfig) -> bool:
-        """π_old from a no-grad pass before the updates, or, when each rollout batch gets one optimizer update
-        and nothing reads π_old before it, from that update's own forward (the same weights), detached.
-        ``rejected: drop`` needs every rejection before the update's first micro-batch normalises."""
-        drops = self.correction is not None and self.correction.drops
-        return bool(req.old_logprobs) and (
-            req.old_in_prepare or req.value_head or cfg.epochs * cfg.mini_batches > 1 or drops
-        )
-
     def _worker_process(self) -> bool:
         """Whether the rollouts run in a worker process (asynchronous, ``trainer.async_rollout.worker: process``)."""
         a = self.cfg.async_rollout
@@ -226,117 +271,10 @@ class Trainer(TrainingStep):
                 choices=["0"],
             )
 
-    def _start_pipeline(self, step: int) -> None:
-        """The asynchronous rollout worker producing steps ``step`` … on, and how the weights of each optimizer
-        step reach its sampler (`_ship`): with the HF backend a whole copy of the policy, filled from the
-        trainable parameters (gathered under ZeRO-3, the adapter only with LoRA); with vLLM the process's
-        engine, loaded by its own sync (gathered, LoRA merged, the prefixes of requests in flight kept)."""
-        from searchrl.rollout.async_rollout import AsyncRollout
-
-        if self.pipeline is not None:
-            self.pipeline.close()
-        exp, ctx, eng = self.rt.exp, self.ctx, self.engine
-        gen: Any = ctx.generator
-        worker, shipped = None, []
-        if self.cfg.async_rollout.worker == "process":
-            self._start_worker_process(step)
-            return
-        with eng.phase("rollout worker copy", step):
-            if exp.rollout.backend == "vllm":
-                gen.sync(reset_prefix_cache=False)
-            else:
-                worker = whole_copy(eng, self.policy, self._whole_policy)
-                shipped = trainable_names(eng.unwrap(self.policy))
-                gen = GENERATORS.get("hf")(
-                    worker,
-                    self.tokenizer,
-                    ctx.env.stop_strings,
-                    batch_size=exp.rollout.batch_size,
-                    continuous=True,
-                    **generator_options(exp.rollout),
-                )
-        self.pipeline = pipeline = AsyncRollout(
-            worker,
-            gen,
-            ctx.env,
-            self.tokenizer,
-            ctx.sampling,
-            ctx.train_examples,
-            lambda step: self.schedule.indices(step)[eng.rank :: eng.world_size],  # this process's share
-            self.algo.cfg.group_size,
-            ctx.max_total_tokens,
-            self.cfg.async_rollout.max_staleness,
-            start_step=step,
-            end_step=self.cfg.steps,
-            shipped=shipped,
-        )
-
-        def ship(version: int) -> None:
-            if worker is None:
-                pipeline.sync_with(lambda: gen.sync(reset_prefix_cache=False), version)
-            else:
-                with gathered(eng, self.policy, shipped) as w:
-                    pipeline.sync(w, version)
-
-        self._ship = ship
-        pipeline.start()
-
-    def _start_worker_process(self, step: int) -> None:
-        """The rollout worker in a process of its own (`rollout.worker_process`): it loads the policy as this
-        process does, gets every parameter once (gathered under ZeRO-3) and the trainable ones after each
-        optimizer step, through shared memory."""
-        from searchrl.rollout.worker_process import ProcessRollout, WorkerSpec
-
-        exp, ctx, eng, cfg = self.rt.exp, self.ctx, self.engine, self.cfg
-        shipped = trainable_names(eng.unwrap(self.policy))
-        mine = [self.schedule.indices(s)[eng.rank :: eng.world_size] for s in range(step, cfg.steps)]
-        spec = WorkerSpec(
-            runtime=self.rt.fresh(),  # built again in the worker: nothing of this process's travels
-            exp=exp,
-            model_path=str(self.model_path),
-            dtype=exp.model.dtype,
-            lora=exp.model.lora,
-            value_head=self.req.value_head,
-            detach_trunk=self.req.detach_value_trunk,
-            device=str(eng.device),
-            examples={i: ctx.train_examples[i] for idx in mine for i in idx},
-            indices=tuple(tuple(idx) for idx in mine),
-            params=ctx.sampling,
-            group_size=self.algo.cfg.group_size,
-            max_total_tokens=ctx.max_total_tokens,
-            max_staleness=cfg.async_rollout.max_staleness,
-            start_step=step,
-            end_step=cfg.steps,
-            shipped=tuple(shipped),
-            threads=cfg.async_rollout.worker_threads,
-            cpus=tuple(cfg.async_rollout.worker_cpus),
-            seed=self.seed * 1009 + eng.rank * 101 + step,
-        )
-        with eng.phase("rollout worker process", step), gathered(eng, self.policy) as weights:
-            self.pipeline = pipeline = ProcessRollout(spec, weights, cfg.async_rollout.max_restarts)
-
-        def ship(version: int) -> None:
-            with gathered(eng, self.policy, shipped) as w:
-                pipeline.sync(w, version)
-
-        self._ship = ship
-        pipeline.start()
-
     def _whole_policy(self) -> Any:
         """The policy's architecture loaded whole in this process, DeepSpeed hidden (the worker's copy)."""
         with unpartitioned():
             return self._load_policy(training=False)[0]
-
-    def _collect(self, step: int, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
-        """This step's training rows: from the asynchronous worker, scored here, or collected now."""
-        if self.cfg.async_rollout.max_staleness:
-            if self.pipeline is None:
-                self._start_pipeline(step)
-            trajs, metrics = self.pipeline.take(step)
-            assert self.ctx.rewards is not None
-            return trajs, {**metrics, **self.ctx.rewards(trajs)}
-        with self._generation_session():
-            return self.algo.collect(indices)
 
     def _resume(self) -> int:
         """The step of the latest checkpoint, restored (0 when there is none)."""
@@ -348,14 +286,10 @@ class Trainer(TrainingStep):
         self.engine.print(f"resumed from {latest} at step {int(state['step'])}")
         return int(state["step"])
 
-    # --------------------------------------------------------------------------------------- passes
-
-    # --------------------------------------------------------------------------------------- loop
-
     def run(self, evaluate: Any = None) -> Path:
         """Train to ``cfg.steps``; ``evaluate(model_dir_or_policy, step) -> metrics`` is called every
         ``eval_every`` steps. The collapse guards (``trainer.guards``) are checked on every step's metrics;
-        a trip stops the run or rolls it back (`_on_trip`). Returns the exported final model directory."""
+        a trip stops the run or rolls it back (`Rollback`). Returns the exported final model directory."""
         cfg, eng = self.cfg, self.engine
         guards = Guards(cfg.guards.monitors)
         step = self.start_step
@@ -373,8 +307,8 @@ class Trainer(TrainingStep):
                     metrics = self.step(step)
                 except NonFiniteError as exc:
                     # window 0: the step failed mid-update; the checkpoint before it is good
-                    step = self._on_trip(Trip(done, "non-finite", str(exc), math.nan, "finite", 0), guards)
-                    self._restart_pipeline()
+                    step = self.rollback(Trip(done, "non-finite", str(exc), math.nan, "finite", 0), guards)
+                    self.rollouts.restart()
                     continue
                 finally:
                     self._curriculum(None)
@@ -388,12 +322,12 @@ class Trainer(TrainingStep):
                     with eng.phase("evaluation", step):
                         metrics.update(evaluate(self, done))
                 trip = guards.check(done, metrics)
-                if guards.monitors or self._trip_log:
-                    metrics["guard/trips"] = float(len(self._trip_log) + (trip is not None))
+                if guards.monitors or self.rollback.trips:
+                    metrics["guard/trips"] = float(len(self.rollback.trips) + (trip is not None))
                 self.sink.log(done, metrics)
                 if trip is not None:
-                    step = self._on_trip(trip, guards)
-                    self._restart_pipeline()
+                    step = self.rollback(trip, guards)
+                    self.rollouts.restart()
                     continue
                 saved = done % cfg.save_every == 0 or done == cfg.steps
                 if saved:
@@ -403,14 +337,14 @@ class Trainer(TrainingStep):
                     self._preempted(done, metrics, preemption, saved)
         finally:
             preemption.unwatch()
-            if self.pipeline is not None:
-                self.pipeline.close()
-                self.pipeline = None
+            self.rollouts.close()
             self.sink.close()
             for line in failure_summary():
                 eng.print(line)
-            if self._trip_log:
-                eng.print(f"collapse guards: {len(self._trip_log)} trip(s), see {self.out / 'guards.json'}")
+            if self.rollback.trips:
+                eng.print(
+                    f"collapse guards: {len(self.rollback.trips)} trip(s), see {self.out / 'guards.json'}"
+                )
         with eng.phase("final export"):
             return self.ckpt.export_final(self.out / "final")
 
@@ -450,52 +384,12 @@ class Trainer(TrainingStep):
             done if saved else None,
         )
 
-    def _restart_pipeline(self) -> None:
-        """After a rollback the episodes sampled ahead came from the discarded weights: the worker restarts
-        (lazily, at the step the run continues from, on the restored weights)."""
-        if self.pipeline is not None:
-            self.pipeline.close()
-            self.pipeline = None
 
-    def _on_trip(self, trip: Trip, guards: Guards) -> int:
-        """A guard tripped (or a value went non-finite) at ``trip.step``: record it, then stop with a message
-        naming the monitor and the last good checkpoint, or (``on_trip: rollback``) restore that checkpoint,
-        scale the learning rate by ``lr_scale`` and return the step to continue from. The last good
-        checkpoint is the newest one saved before the window of bad values began: step t's metrics come
-        from the policy of checkpoint t − 1, so a window over steps T−W+1…T condemns checkpoints T−W on."""
-        g, eng = self.cfg.guards, self.engine
-        good = self.ckpt.latest_before(trip.step - trip.window - 1)
-        rollbacks = sum(t.get("action") == "rollback" for t in self._trip_log)
-        rollback = g.on_trip == "rollback" and good is not None and rollbacks < g.max_rollbacks
-        entry = {**trip.record(), "action": "rollback" if rollback else "stop", "checkpoint": str(good)}
-        if rollback:
-            assert good is not None
-            state = self.ckpt.load(good)
-            self.algo.load_state_dict(state.get("algorithm", {}))
-            eng.scale_lr(self.optimizer, self.scheduler, g.lr_scale)
-            self.ckpt.discard_after(good)
-            entry["discarded_metrics"] = self.sink.rewind(int(state["step"]))
-            entry["lr_scale"] = g.lr_scale ** (rollbacks + 1)
-        self._trip_log.append(entry)
-        if eng.is_main:
-            (self.out / "guards.json").write_text(json.dumps({"trips": self._trip_log}, indent=1) + "\n")
-        if rollback:
-            guards.reset()
-            eng.print(
-                f"{trip.describe()}; rolled back to {good} (step {state['step']}), learning rate x{entry['lr_scale']:g}"
-            )
-            return int(state["step"])
-        why = (
-            ""
-            if g.on_trip == "stop"
-            else f" (no checkpoint before step {trip.step - trip.window} to roll back to)"
-            if good is None
-            else f" (trainer.guards.max_rollbacks = {g.max_rollbacks} reached)"
-        )
-        where = f"the last good checkpoint is {good or '(none yet)'}"
-        if trip.bound == "finite":
-            raise NonFiniteError(
-                f"training stopped at step {trip.step}: {trip.metric}{why}. Nothing was saved for this step; "
-                f"{where}. Lower trainer.lr or check the rewards."
-            ) from None
-        raise GuardTrip(f"training stopped by a collapse guard at {trip.describe()}{why}; {where}.")
+def _old_pass(req: Any, cfg: TrainerConfig, correction: RolloutCorrection | None) -> bool:
+    """π_old from a no-grad pass before the updates, or, when each rollout batch gets one optimizer update
+    and nothing reads π_old before it, from that update's own forward (the same weights), detached.
+    ``rejected: drop`` needs every rejection before the update's first micro-batch normalises."""
+    drops = correction is not None and correction.drops
+    return bool(req.old_logprobs) and (
+        req.old_in_prepare or req.value_head or cfg.epochs * cfg.mini_batches > 1 or drops
+    )
