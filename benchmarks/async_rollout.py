@@ -29,7 +29,7 @@ import torch
 
 from searchrl.algorithms import algorithm_config
 from searchrl.app.experiment import load_experiment
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.core.config import AsyncRolloutConfig, SamplesConfig, TrainerConfig
 from searchrl.engine.trainer import Trainer
 from searchrl.rollout import async_rollout
@@ -37,7 +37,7 @@ from searchrl.rollout import async_rollout
 REPO = Path(__file__).resolve().parents[1]
 
 
-class SlowRuntime(Runtime):
+class SlowRuntime(Resources):
     """The experiment's resources with ``latency`` seconds added to every retrieval call (a remote server's),
     in this process and in a rollout worker process, which builds its own from `fresh`."""
 
@@ -73,7 +73,7 @@ def run(
     worker: str = "thread",
     pin: bool = False,
 ) -> dict:
-    rt = SlowRuntime(exp, latency)
+    resources = SlowRuntime(exp, latency)
     cfg = TrainerConfig(
         steps=steps,
         batch_size=questions,
@@ -97,7 +97,7 @@ def run(
         model_path=model,
         cfg=cfg,
         out_dir=Path(tempfile.mkdtemp()),
-        runtime=rt,
+        resources=resources,
         seed=0,
     )
     times, tokens, waits, stale, worker_rate, searches = [], [], [], [], [], []
@@ -144,9 +144,9 @@ def plain_decode(model: str, exp: Any, rows: int, n: int, pin: bool) -> float:
         os.sched_setaffinity(0, {1})
     policy, tok = load_model_and_tokenizer(model, dtype=exp.model.dtype)
     policy.to("cuda" if torch.cuda.is_available() else "cpu")
-    rt = Runtime(exp)
-    env = rt.env()
-    prompts = [encode(tok, env.reset(ex).prompt) for ex in rt.examples("train")[:rows]]
+    resources = Resources(exp)
+    env = resources.env()
+    prompts = [encode(tok, env.reset(ex).prompt) for ex in resources.examples("train")[:rows]]
     own_plain(policy, tok, prompts, 4, exp.rollout.temperature)  # warm-up
     s = own_plain(policy, tok, prompts, n, exp.rollout.temperature)
     return rows * n / s

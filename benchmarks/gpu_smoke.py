@@ -163,12 +163,14 @@ def overrides(a: argparse.Namespace, world: str, out: Path, algo: str, backend: 
     return over
 
 
-def offline_records(rt: Any, algo: str) -> list[dict[str, Any]] | None:
+def offline_records(resources: Any, algo: str) -> list[dict[str, Any]] | None:
     from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
 
     if algo not in ("sft", "dpo", "prm"):
         return None
-    recs = teacher_records(rt.env(), rt.world, rt.examples("train")[:16], TeacherConfig())
+    recs = teacher_records(
+        resources.env(), resources.world, resources.examples("train")[:16], TeacherConfig()
+    )
     if algo == "sft":
         return recs
     return [
@@ -189,12 +191,12 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
 
     from searchrl.algorithms import algorithm_config
     from searchrl.app.experiment import load_experiment
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.core.config import SamplesConfig, TrainerConfig
     from searchrl.engine.trainer import Trainer
 
     exp = load_experiment(None, overrides(a, world, tmp / f"{algo}-{backend}", algo, backend))
-    rt = Runtime(exp)
+    resources = Resources(exp)
     args: dict[str, Any] = {"kl_coef": 0.01} if algo in ONLINE else {}
     if algo in ("grpo", "ppo", "steppo"):
         args["group_size"] = a.group_size
@@ -223,8 +225,8 @@ def run_one(a: argparse.Namespace, world: str, algo: str, backend: str, tmp: Pat
             model_path=a.model,
             cfg=cfg,
             out_dir=tmp / f"{algo}-{backend}",
-            runtime=rt,
-            records=offline_records(rt, algo),
+            resources=resources,
+            records=offline_records(resources, algo),
             seed=0,
         )
         collected: list[Any] = []

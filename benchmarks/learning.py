@@ -100,7 +100,7 @@ def main() -> None:
 def statistics_of(args: argparse.Namespace, stages: list[str], a: str, b: str) -> tuple[dict, dict]:
     """Each stage's two-level bootstrap interval, and the paired test of ``b`` against ``a``, from the
     per-question predictions."""
-    from searchrl.app.eval import read_predictions
+    from searchrl.app.eval_episodes import read_predictions
     from searchrl.core.stats import align, bootstrap_ci, paired_bootstrap
 
     def scores(stage: str) -> dict[int, dict[str, float]]:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from searchrl.app.experiment import load_experiment
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.models.load import load_model_and_tokenizer
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator
@@ -283,13 +283,13 @@ def main() -> None:
     if args.no_cudnn_sdpa:
         torch.backends.cuda.enable_cudnn_sdp(False)
     exp = load_experiment(args.config)
-    rt = Runtime(exp)
+    resources = Resources(exp)
     model, tok = load_model_and_tokenizer(args.model, dtype=args.dtype)
     model.to(args.device).eval()
     counter = Forwards(model)
     T = exp.rollout.temperature
     params = SamplingParams(T, 1.0, exp.rollout.max_new_tokens)
-    test = rt.examples("test")
+    test = resources.examples("test")
     vgen = None
     if args.backend == "vllm":
         from searchrl.rollout.vllm import VLLMGenerator
@@ -297,7 +297,7 @@ def main() -> None:
         vgen = VLLMGenerator(
             model,
             tok,
-            rt.env().stop_strings,
+            resources.env().stop_strings,
             batch_size=max(args.batch),
             gpu_memory_utilization=0.3,
             dtype="float32",
@@ -392,7 +392,7 @@ def main() -> None:
             out["capture_s"] = sum(g.capture_s for g in graphs)
         return out
 
-    env = rt.env()
+    env = resources.env()
     warm = generator(16, "episode", env)
     rollout(
         test[:16], env, warm, tok, params, 1, exp.rollout.max_total_tokens

@@ -22,7 +22,7 @@ import torch
 
 from searchrl.algorithms.slate import step_reward
 from searchrl.app.experiment import load_experiment
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.envs.search import EnvState
 from searchrl.models.load import load_model_and_tokenizer
 from searchrl.rewards.judges import JudgeItem, RuleJudge
@@ -54,14 +54,14 @@ def main() -> None:
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = p.parse_args()
     exp = load_experiment(args.config)
-    rt = Runtime(exp)
-    env = rt.env()
+    resources = Resources(exp)
+    env = resources.env()
     model, tok = load_model_and_tokenizer(args.model)
     gen = HFGenerator(model.eval(), tok, env.tags.stop_strings, batch_size=256)
     params = SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens)
     judge = RuleJudge()
     B = env.max_turns + 1
-    examples = rt.examples(args.split)[: args.limit]
+    examples = resources.examples(args.split)[: args.limit]
     torch.manual_seed(args.seed)
 
     def score(items_and_steps):

@@ -24,7 +24,7 @@ import torch
 
 from searchrl.algorithms import algorithm_config
 from searchrl.app.experiment import load_experiment
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.core.config import SamplesConfig, TrainerConfig
 from searchrl.engine.trainer import Trainer
 from searchrl.rollout.generator import SamplingParams
@@ -45,7 +45,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def ours(exp, rt, model: str, steps: int, questions: int, micro: int, loop: str = "episode") -> list[float]:
+def ours(
+    exp, resources, model: str, steps: int, questions: int, micro: int, loop: str = "episode"
+) -> list[float]:
     cfg = TrainerConfig(
         steps=steps,
         batch_size=questions,
@@ -61,7 +63,7 @@ def ours(exp, rt, model: str, steps: int, questions: int, micro: int, loop: str 
         model_path=model,
         cfg=cfg,
         out_dir=Path(tempfile.mkdtemp()),
-        runtime=rt,
+        resources=resources,
         seed=0,
     )
     assert tr.ctx.generator is not None
@@ -75,7 +77,9 @@ def ours(exp, rt, model: str, steps: int, questions: int, micro: int, loop: str 
     return times
 
 
-def trl(exp, rt, model: str, steps: int, questions: int, micro: int, device: str = "cpu") -> list[float]:
+def trl(
+    exp, resources, model: str, steps: int, questions: int, micro: int, device: str = "cpu"
+) -> list[float]:
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -83,8 +87,8 @@ def trl(exp, rt, model: str, steps: int, questions: int, micro: int, device: str
 
     from searchrl.core.answers import exact_match
 
-    env = rt.env()
-    examples = rt.examples("train")
+    env = resources.env()
+    examples = resources.examples("train")
     by_prompt = {env.reset(ex).prompt: ex for ex in examples}
     G = exp.algorithm.args["group_size"]
     params = SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens)
@@ -178,19 +182,19 @@ def main() -> None:
     )
     a = p.parse_args()
     exp = load_experiment(a.config, [f"model.dtype={a.dtype}"])
-    rt = Runtime(exp)
+    resources = Resources(exp)
     res = {}
     for name in a.order:
         torch.manual_seed(0)
         if name == "trl":
-            res[RUNS[name]] = trl(exp, rt, a.model, a.steps, a.questions, a.micro, a.device)
+            res[RUNS[name]] = trl(exp, resources, a.model, a.steps, a.questions, a.micro, a.device)
         elif name == "compiled":
             fast = load_experiment(
                 a.config, [f"model.dtype={a.dtype}", "rollout.compile=true", "rollout.prefix_sharing=true"]
             )
-            res[RUNS[name]] = ours(fast, Runtime(fast), a.model, a.steps, a.questions, a.micro)
+            res[RUNS[name]] = ours(fast, Resources(fast), a.model, a.steps, a.questions, a.micro)
         else:
-            res[RUNS[name]] = ours(exp, rt, a.model, a.steps, a.questions, a.micro, loop=name)
+            res[RUNS[name]] = ours(exp, resources, a.model, a.steps, a.questions, a.micro, loop=name)
     summary = {k: statistics.mean(v[1:]) if len(v) > 1 else v[0] for k, v in res.items()}
     print(
         f"{a.questions} questions x {exp.algorithm.args['group_size']} samples per step, micro-batch {a.micro}"

@@ -60,21 +60,21 @@ def main() -> None:
     from rollout_overhead import own_plain
 
     from searchrl.app.experiment import load_experiment
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.models.policy import load_policy
     from searchrl.rollout import agent_loop, continuous, decoding
     from searchrl.rollout.generator import GENERATORS, SamplingParams
     from searchrl.rollout.loop import encode, rollout
 
     exp = load_experiment(args.config, [f"model.path={args.model}"])
-    rt = Runtime(exp)
-    env = rt.env()
+    resources = Resources(exp)
+    env = resources.env()
     policy, tok = load_policy(args.model, exp.model.dtype, None, False, False)
     policy.eval()
     gen = GENERATORS.get("hf")(
         policy, tok, env.stop_strings, batch_size=exp.rollout.batch_size, continuous=True
     )
-    examples = rt.examples("train")[: args.questions]
+    examples = resources.examples("train")[: args.questions]
     params = SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens)
     rollout(examples[:2], env, gen, tok, params, 2, exp.rollout.max_total_tokens)  # warm-up
 
@@ -117,7 +117,9 @@ def main() -> None:
         print(json.dumps(runs[-1]), flush=True)
     type(policy).__call__ = model_call  # type: ignore[method-assign]
     n = max(1, round(statistics.mean(x["tokens_generated"] for x in runs) / (len(examples) * args.group)))
-    prompts = [encode(tok, env.reset(ex).prompt) for ex in rt.examples("train")[: exp.rollout.batch_size]]
+    prompts = [
+        encode(tok, env.reset(ex).prompt) for ex in resources.examples("train")[: exp.rollout.batch_size]
+    ]
     own_plain(policy, tok, prompts, 4, exp.rollout.temperature)  # warm-up
     plain = statistics.median(
         len(prompts) * n / own_plain(policy, tok, prompts, n, exp.rollout.temperature) for _ in range(3)

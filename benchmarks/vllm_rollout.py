@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from searchrl.app.experiment import load_experiment
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.models.load import load_model_and_tokenizer
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.hf import HFGenerator
@@ -72,12 +72,12 @@ def main() -> None:
             Path("/tmp") / f"bench-qwen2-h{args.build_hidden}-l{args.build_layers}",
         )
     exp = load_experiment(args.config)
-    rt = Runtime(exp)
-    env = rt.env()
+    resources = Resources(exp)
+    env = resources.env()
     model, tok = load_model_and_tokenizer(model_dir)
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
-    examples = rt.examples("test")[: args.batch]
+    examples = resources.examples("test")[: args.batch]
     params = SamplingParams(exp.rollout.temperature, 1.0, exp.rollout.max_new_tokens)
     backends = {
         "hf": HFGenerator(model, tok, env.tags.stop_strings, batch_size=args.batch),

@@ -61,7 +61,7 @@ def world_bm25(small_world):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, small_world, world_bm25):
     """The tiny local model and tokenizer, built once per session from the small world."""
-    from searchrl.app.runtime import tokenizer_texts
+    from searchrl.app.resources import tokenizer_texts
     from searchrl.envs.search import SearchEnv
     from searchrl.envs.tags import ALL_TAG_STRINGS
     from searchrl.models.tiny import build_local_model
@@ -105,7 +105,7 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
     untrained model ends every episode in its first turn)."""
     from searchrl.algorithms import algorithm_config
     from searchrl.app.experiment import load_experiment
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.core.config import TrainerConfig
     from searchrl.engine.trainer import Trainer
     from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
@@ -122,8 +122,10 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
             "env.max_turns=3",
         ],
     )
-    rt = Runtime(exp)
-    records = teacher_records(rt.env(), rt.world, rt.examples("train")[:200], TeacherConfig())
+    resources = Resources(exp)
+    records = teacher_records(
+        resources.env(), resources.world, resources.examples("train")[:200], TeacherConfig()
+    )
     cfg = TrainerConfig(steps=30, batch_size=16, micro_batch_size=16, lr=1e-2, save_every=10**6)
     tr = Trainer(
         algorithm="sft",
@@ -131,7 +133,7 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
         model_path=tiny_model_dir,
         cfg=cfg,
         out_dir=out,
-        runtime=rt,
+        resources=resources,
         records=records,
     )
     return tr.run()

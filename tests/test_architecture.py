@@ -216,7 +216,8 @@ def test_no_class_declares_attributes_set_elsewhere():
                 if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign)
                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
                 for t in ([*t.elts] if isinstance(t, ast.Tuple) else [t])
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)  # self.x, or obj.x in __new__
+                if isinstance(t, ast.Attribute)
+                and isinstance(t.value, ast.Name)  # self.x, or obj.x in __new__
             }
             if declared - assigned:
                 bad.append(f"{f.relative_to(PKG)}: {cls.name} declares {sorted(declared - assigned)}")

@@ -24,7 +24,7 @@ def test_custom_reward_example_trains(make_exp, monkeypatch):
         "trainer={steps: 2, batch_size: 2, micro_batch_size: 4, lr: 1.0e-3, save_every: 2}",
     )
     from searchrl.algorithms import algorithm_config
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.engine.trainer import Trainer
 
     tr = Trainer(
@@ -33,7 +33,7 @@ def test_custom_reward_example_trains(make_exp, monkeypatch):
         model_path=exp.model.path,
         cfg=exp.trainer,
         out_dir=exp.out,
-        runtime=Runtime(exp),
+        resources=Resources(exp),
         seed=0,
     )
     tr.run()

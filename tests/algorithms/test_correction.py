@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from searchrl.algorithms.correction import MODES, RolloutCorrection, correction_weights, effective_sample_size
 from searchrl.core.config import ConfigError, from_dict
+from searchrl.core.types import BatchExtras
 
 # two sequences; log ρ = old − behaviour. Row 0: ρ = (e^1, 1, e^−0.5) on 3 tokens; row 1: ρ = (e^0.1, e^0.1)
 OLD = torch.tensor([[0.0, -1.0, -2.0, -1.5, 0.0], [0.0, -0.4, -0.6, 0.0, 0.0]])
@@ -124,7 +125,7 @@ def test_the_weight_multiplies_the_clipped_loss_as_a_constant():
     grads = []
     for weight in (None, w):
         logp = torch.tensor([[-1.0, -0.5, -2.0]], requires_grad=True)
-        extras = {"old_logp": old, "advantages": adv, **({"is_weight": weight} if weight is not None else {})}
+        extras = BatchExtras(old_logp=old, advantages=adv, is_weight=weight)
         loss, _ = batch_policy_loss(cfg, logp, SimpleNamespace(extras=extras, loss_mask=torch.ones(1, 3)))
         loss.sum().backward()
         grads.append((loss.detach(), logp.grad))
@@ -161,7 +162,7 @@ def _kl_term(algo, logp, ref, behaviour):
 
     mask = torch.ones_like(logp)
     w, _ = correction_weights(logp.detach(), behaviour, mask, algo.cfg.rollout_correction)
-    extras = {"ref_logp": ref, **({"is_weight": w} if algo.cfg.rollout_correction.mode != "none" else {})}
+    extras = BatchExtras(ref_logp=ref, is_weight=w if algo.cfg.rollout_correction.mode != "none" else None)
     return algo.with_kl(torch.zeros_like(logp), {}, logp, None, SimpleNamespace(extras=extras))
 
 

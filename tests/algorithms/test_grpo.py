@@ -5,10 +5,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchrl.algorithms.advantages import broadcast_to_tokens, grpo_outcome
+from searchrl.algorithms.advantage_math import broadcast_to_tokens, grpo_outcome
 from searchrl.algorithms.grpo import GRPO, GRPOConfig
-from searchrl.algorithms.losses import clipped_policy_loss
-from searchrl.core.types import RolloutBatch
+from searchrl.algorithms.loss_terms import clipped_policy_loss
+from searchrl.core.types import BatchExtras, RolloutBatch
 
 
 def test_group_advantage_hand_computed():
@@ -95,7 +95,7 @@ def _batch(rewards, groups, old, ref):
         pair_ids=torch.full((B,), -1),
         chosen=torch.zeros(B, dtype=torch.bool),
         group_ids=torch.tensor(groups),
-        extras={"old_logp": old * mask, "ref_logp": ref * mask},
+        extras=BatchExtras(old_logp=old * mask, ref_logp=ref * mask),
     )
 
 
@@ -107,7 +107,7 @@ def test_grpo_loss_equals_eq1_by_hand():
     algo = GRPO(GRPOConfig(kl_coef=0.1), ctx=None)
     algo.prepare(b)
     a = 1 / torch.tensor([1.0, 0.0]).std().item() * 0.5  # (1 - 0.5) / std
-    assert b.extras["advantages"][0, 1:].tolist() == pytest.approx([a, a], rel=1e-5)
+    assert b.extras.advantages[0, 1:].tolist() == pytest.approx([a, a], rel=1e-5)
     logp = old.clone().requires_grad_(True)
     loss, metrics = algo.loss(logp, None, b)
     k3 = math.exp(-1.2 + 1.0) - 1 - (-1.2 + 1.0)
@@ -123,7 +123,7 @@ def test_grpo_kl_in_reward():
     algo = GRPO(GRPOConfig(kl_coef=0.5, kl_in="reward", kl_estimator="k1"), ctx=None)
     algo.prepare(b)
     # r0 = 1 - 0.5 * (1 + 1) = 0, r1 = 1 -> the first is below its group mean
-    adv = b.extras["advantages"]
+    adv = b.extras.advantages
     assert adv[0, 1] < 0 < adv[1, 1]
     _, metrics = algo.loss(old.clone(), None, b)
     assert "kl" not in metrics  # not also in the loss

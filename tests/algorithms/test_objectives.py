@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchrl.algorithms import ADVANTAGES, POLICY_LOSSES
-from searchrl.algorithms.estimators import (
+from searchrl.algorithms.advantage_estimators import (
     AdvantageInput,
     global_whiten,
     reinforce_pp,
@@ -242,7 +242,7 @@ def test_gmpo_hand_computed_and_verl():
 def test_clip_is_the_papers_loss_and_every_loss_is_registered():
     mask, old, logp, rewards = rand_inputs(0)
     adv = (rewards - rewards.mean())[:, None] * mask
-    from searchrl.algorithms.losses import clipped_policy_loss
+    from searchrl.algorithms.loss_terms import clipped_policy_loss
 
     assert torch.equal(clip(logp, old, adv, mask, CFG)[0], clipped_policy_loss(logp, old, adv)[0])
     for name in POLICY_LOSSES.names():

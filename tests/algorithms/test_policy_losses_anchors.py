@@ -19,6 +19,7 @@ from searchrl.algorithms.grpo import GRPOConfig
 from searchrl.algorithms.policy_losses import batch_policy_loss, gmpo, gspo, gspo_token, sapo
 from searchrl.algorithms.ppo import PPOConfig
 from searchrl.core.functional import token_weights
+from searchrl.core.types import BatchExtras
 
 from .test_objectives import rand_inputs, verl_geo_mean
 
@@ -157,11 +158,11 @@ def test_gmpo_correction_weight_is_the_geometric_mean():
     """Issue 49's case: w = [2, 0.5], ratio 1, A = 1: verl −1.00 (the arithmetic mean gave −1.25)."""
     mb = SimpleNamespace(
         loss_mask=torch.ones(1, 2),
-        extras={
-            "old_logp": torch.zeros(1, 2),
-            "advantages": torch.ones(1, 2),
-            "is_weight": torch.tensor([[2.0, 0.5]]),
-        },
+        extras=BatchExtras(
+            old_logp=torch.zeros(1, 2),
+            advantages=torch.ones(1, 2),
+            is_weight=torch.tensor([[2.0, 0.5]]),
+        ),
     )
     c = cfg(policy_loss="gmpo", clip_low=0.4, clip_high=0.4)
     loss, _ = batch_policy_loss(c, torch.zeros(1, 2), mb)
@@ -170,7 +171,7 @@ def test_gmpo_correction_weight_is_the_geometric_mean():
         mask, old, logp0, rewards = rand_inputs(seed)
         adv = (rewards - rewards.mean())[:, None] * mask
         w = torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)) * 2 * mask
-        mb = SimpleNamespace(loss_mask=mask, extras={"old_logp": old, "advantages": adv, "is_weight": w})
+        mb = SimpleNamespace(loss_mask=mask, extras=BatchExtras(old_logp=old, advantages=adv, is_weight=w))
         v, g = value_and_grad(lambda lp: seq_mean_token_mean(batch_policy_loss(c, lp, mb)[0], mask), logp0)
         rv, rg = value_and_grad(lambda lp: verl_geo_mean_weighted(lp, old, adv, mask, 0.4, w), logp0)
         assert v == pytest.approx(rv, rel=1e-5, abs=1e-6) and torch.allclose(g, rg, rtol=1e-5, atol=1e-6)
@@ -387,7 +388,7 @@ def test_the_sampler_and_the_trainer_use_the_same_temperature(make_exp, tmp_path
     exp = make_exp("rollout.temperature=0.5")
     cfg_ = TrainerConfig(steps=1, batch_size=2, micro_batch_size=8, lr=1e-3, save_every=10**6)
     tr = trainer_for(exp, "grpo", cfg_, out=tmp_path / "t")
-    assert tr.temperature == 0.5
+    assert tr.training_step.shape.temperature == 0.5
     tr.run()
     (row,) = read_metrics(tmp_path / "t" / "metrics.jsonl")
     assert row["rollout/logprob_max_diff"] < 1e-4

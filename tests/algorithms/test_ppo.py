@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchrl.algorithms.advantages import gae, token_rewards
+from searchrl.algorithms.advantage_math import gae, token_rewards
 from searchrl.algorithms.base import Context
 from searchrl.algorithms.ppo import PPO, AdaptiveKL, PPOConfig, clipped_value_loss
-from searchrl.core.types import RolloutBatch
+from searchrl.core.types import BatchExtras, RolloutBatch
 
 
 def reference_gae(rewards, values, mask, gamma, lam):
@@ -105,11 +105,11 @@ def batch_for(rewards, old_logp, ref_logp, loss_mask, values=None):
         pair_ids=torch.full((B,), -1),
         chosen=torch.zeros(B, dtype=torch.bool),
         group_ids=torch.arange(B),
-        extras={
-            "old_logp": old_logp,
-            "ref_logp": ref_logp,
-            "old_values": values if values is not None else torch.zeros(B, T),
-        },
+        extras=BatchExtras(
+            old_logp=old_logp,
+            ref_logp=ref_logp,
+            old_values=values if values is not None else torch.zeros(B, T),
+        ),
     )
 
 
@@ -133,21 +133,21 @@ def test_kl_penalty_is_a_per_token_reward():
     b = batch_for(torch.tensor([1.0]), old, ref, mask)
     metrics = algo(kl_coef=0.1, kl_estimator="k1", kl_in="reward", whiten_advantages=False).prepare(b)
     # rewards per action token: -0.05, +0.1, 1 - 0 -> reward-to-go: 1.05, 1.1, 1.0
-    assert b.extras["advantages"].tolist()[0] == pytest.approx([0, 1.05, 1.1, 0, 1.0])
+    assert b.extras.advantages.tolist()[0] == pytest.approx([0, 1.05, 1.1, 0, 1.0])
     assert metrics["kl/sequence"] == pytest.approx(-0.5)
     b2 = batch_for(torch.tensor([1.0]), old, ref, mask)
     algo(kl_coef=0.1, kl_in="loss", whiten_advantages=False).prepare(b2)
-    assert b2.extras["advantages"].tolist()[0] == pytest.approx([0, 1.0, 1.0, 0, 1.0])
+    assert b2.extras.advantages.tolist()[0] == pytest.approx([0, 1.0, 1.0, 0, 1.0])
 
 
 def test_whitened_advantages_have_zero_mean_unit_std_on_actions():
     r, v, m = random_case(3, B=4, T=10)
     b = batch_for(r[:, 0], torch.zeros_like(r), torch.zeros_like(r), m, values=v * m)
     algo(kl_coef=0.0).prepare(b)
-    a = b.extras["advantages"][m.bool()]
+    a = b.extras.advantages[m.bool()]
     assert float(a.mean()) == pytest.approx(0.0, abs=1e-5)
     assert float(a.var(unbiased=True)) == pytest.approx(1.0, rel=1e-3)  # verl's whitening (Search-R1)
-    assert (b.extras["advantages"][m == 0] == 0).all()
+    assert (b.extras.advantages[m == 0] == 0).all()
 
 
 def test_critic_warmup_zeroes_the_policy_loss_only():

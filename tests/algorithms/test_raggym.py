@@ -130,12 +130,12 @@ def test_collection_keeps_correct_episodes_and_pairs_every_step(one_hop, make_ex
     # step 1: gold search (1), junk search (-1), wrong answer (-2), malformed (-3) -> the gold search runs
     # step 2: right answer (2), wrong answer (-2), gold search again (every hop resolved: -1), junk (-1)
     gen = ScriptedCandidates(tok, [[gold, junk, wrong, "<think> x </think>"], [right, wrong, gold, junk]])
-    rt = SimpleNamespace(
+    resources = SimpleNamespace(
         exp=exp,
         env=lambda: SearchEnv(world_bm25, template="short", topk=1, max_turns=3),
         examples=lambda split: [ex],
     )
-    pairs, records, summary = collect(rt, gen, tok, progress=False)
+    pairs, records, summary = collect(resources, gen, tok, progress=False)
     assert summary["kept_episodes"] == 1 and summary["steps"] == 2 and len(records) == 1
     by_step = defaultdict(set)
     for p in pairs:
@@ -149,12 +149,12 @@ def test_a_wrong_final_answer_drops_the_episode(one_hop, make_exp, world_bm25):
     tok, ex = one_hop
     wrong = "<think> a </think>\n<answer> nobody </answer>"
     exp = make_exp("process_data={n: 2}")
-    rt = SimpleNamespace(
+    resources = SimpleNamespace(
         exp=exp,
         env=lambda: SearchEnv(world_bm25, template="short", topk=1, max_turns=3),
         examples=lambda split: [ex],
     )
-    pairs, records, summary = collect(rt, ScriptedCandidates(tok, [[wrong]]), tok, progress=False)
+    pairs, records, summary = collect(resources, ScriptedCandidates(tok, [[wrong]]), tok, progress=False)
     assert summary["kept_episodes"] == 0 and pairs == [] and records == []
 
 
@@ -169,7 +169,7 @@ class FixedScorer:
 
 
 def test_best_of_n_follows_the_highest_prm_score(one_hop, world_bm25, tiny_model_dir):
-    from searchrl.app.eval import run_best_of_n
+    from searchrl.app.eval_episodes import run_best_of_n
 
     tok, ex = one_hop
     model, _ = load_model_and_tokenizer(tiny_model_dir)
@@ -225,7 +225,7 @@ def pair_records(small_world, n=8):
 @pytest.mark.parametrize("lora", [False, True])
 def test_dpo_trains_and_prefers_the_chosen_actions(make_exp, small_world, lora):
     from searchrl.algorithms import algorithm_config
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.core.config import TrainerConfig
     from searchrl.engine.metrics import read_metrics
     from searchrl.engine.trainer import Trainer
@@ -239,7 +239,7 @@ def test_dpo_trains_and_prefers_the_chosen_actions(make_exp, small_world, lora):
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
-        runtime=Runtime(exp),
+        resources=Resources(exp),
         records=pair_records(small_world),
         seed=0,
     )
@@ -252,11 +252,11 @@ def test_dpo_trains_and_prefers_the_chosen_actions(make_exp, small_world, lora):
 
 
 def test_prm_trains_saves_and_scores(make_exp, small_world):
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.core.config import TrainerConfig
     from searchrl.engine.metrics import read_metrics
     from searchrl.engine.trainer import Trainer
-    from searchrl.rewards.prm import PRMScorer
+    from searchrl.rewards.prm_scorer import PRMScorer
 
     exp = make_exp()
     cfg = TrainerConfig(steps=8, batch_size=4, micro_batch_size=8, lr=5e-3, save_every=8)
@@ -267,7 +267,7 @@ def test_prm_trains_saves_and_scores(make_exp, small_world):
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
-        runtime=Runtime(exp),
+        resources=Resources(exp),
         records=recs,
         seed=0,
     )

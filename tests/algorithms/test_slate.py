@@ -134,7 +134,7 @@ def test_gradients_come_only_from_candidate_tokens(toy, tiny_model_dir):
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.detach()
     logits.requires_grad_(True)
     logp = token_logprobs(logits, batch.input_ids, mask=batch.loss_mask)
-    batch.extras["old_logp"] = logp.detach() - 0.01
+    batch.extras.old_logp = logp.detach() - 0.01
     algo.prepare(batch)
     loss_tok, _ = algo.loss(logp, None, batch)
     w = token_weights(

@@ -2,7 +2,7 @@
 
 import json
 
-from searchrl.app.eval import episode_metrics, write_results
+from searchrl.app.eval_episodes import episode_metrics, write_results
 from searchrl.data.example import Example, Hop
 from searchrl.envs.search import EnvState, StepInfo
 

@@ -4,7 +4,7 @@ the official prediction file, which the official script scores as we do."""
 import json
 from pathlib import Path
 
-from searchrl.app.eval import episode_metrics, read_predictions, write_results
+from searchrl.app.eval_episodes import episode_metrics, read_predictions, write_results
 from searchrl.data.loaders import load_examples
 from searchrl.envs.search import EnvState, StepInfo
 from tests.helpers import eval_teacher

@@ -9,7 +9,7 @@ import torch
 
 from searchrl.algorithms import algorithm_config
 from searchrl.app.cli import main
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.app.viewer.build import find, paired, view
 from searchrl.core.config import SamplesConfig, TrainerConfig
 from searchrl.core.errors import DataError
@@ -52,7 +52,7 @@ def train_with_capture(exp, algorithm, cfg, args, monkeypatch):
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
-        runtime=Runtime(exp),
+        resources=Resources(exp),
         seed=exp.seed,
     )
     seen: dict[tuple[int, int], list[dict]] = {}
@@ -60,16 +60,16 @@ def train_with_capture(exp, algorithm, cfg, args, monkeypatch):
 
     def spy(logp, ent, mb, values):
         out = loss(logp, ent, mb, values)
-        if "sample_row" in mb.extras:
-            for b, r in enumerate(mb.extras["sample_row"].tolist()):
+        if mb.extras.sample_row is not None:
+            for b, r in enumerate(mb.extras.sample_row.tolist()):
                 n = int(mb.attention_mask[b].sum())
                 seen.setdefault((tr.algo.step, r), []).append(
                     {
                         "ids": mb.input_ids[b, :n].tolist(),
                         "loss_mask": mb.loss_mask[b, :n].tolist(),
-                        "advantages": mb.extras["advantages"][b, :n].tolist(),
+                        "advantages": mb.extras.advantages[b, :n].tolist(),
                         "logp_sampled": mb.sampled_logprobs[b, :n].tolist(),
-                        "logp_old": mb.extras["old_logp"][b, :n].tolist(),
+                        "logp_old": mb.extras.old_logp[b, :n].tolist(),
                         "logp": logp[b, :n].detach().tolist(),
                     }
                 )
@@ -138,7 +138,7 @@ def test_samples_off_and_every(make_exp, tmp_path):
             model_path=exp.model.path,
             cfg=cfg,
             out_dir=out,
-            runtime=Runtime(exp),
+            resources=Resources(exp),
         )
         before = {k: v.detach().clone() for k, v in tr.policy.named_parameters()}
         for step in range(4):
@@ -256,8 +256,8 @@ def test_offline_rows_are_saved_one_group_each(make_exp, small_world):
     from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
 
     exp = make_exp()
-    rt = Runtime(exp)
-    recs = teacher_records(rt.env(), small_world, small_world.examples("train")[:8], TeacherConfig())
+    resources = Resources(exp)
+    recs = teacher_records(resources.env(), small_world, small_world.examples("train")[:8], TeacherConfig())
     cfg = TrainerConfig(steps=1, batch_size=4, micro_batch_size=4, save_every=10**6)
     Trainer(
         algorithm="sft",
@@ -265,7 +265,7 @@ def test_offline_rows_are_saved_one_group_each(make_exp, small_world):
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
-        runtime=rt,
+        resources=resources,
         records=recs,
     ).run()
     (rec,) = read_samples(exp.out)
@@ -318,7 +318,7 @@ def test_groups_whose_rewards_differ_are_saved_first(tmp_path):
     rec = SampleRecorder(tmp_path, groups=2, every=1, tokenizer=None, enabled=True)
     rec.start(0, trajs, batch)
     assert sorted(rec.rows) == [2, 3, 6, 7] and {r["group"] for r in rec.rows.values()} == {1, 3}
-    assert batch.extras["sample_row"].tolist() == list(range(8))
+    assert batch.extras.sample_row.tolist() == list(range(8))
     rec = SampleRecorder(tmp_path, groups=3, every=1, tokenizer=None, enabled=True)
     rec.start(0, trajs, batch)  # then the all-equal ones, in batch order
     assert {r["group"] for r in rec.rows.values()} == {1, 3, 0}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.algorithms import algorithm_config
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.app.viewer.build import view
 from searchrl.core.config import SamplesConfig, TrainerConfig
 from searchrl.engine.samples import KINDS, read_samples
@@ -70,7 +70,7 @@ def run_dir(tmp_path_factory, world_dir, tiny_model_dir):
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=out,
-        runtime=Runtime(exp),
+        resources=Resources(exp),
     )
     collect = tr.algo.collect
 

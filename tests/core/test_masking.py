@@ -84,9 +84,27 @@ def test_select_and_trim_keep_rows_aligned():
         EX, [Segment("prompt", [1, 1, 1]), Segment("action", [4], [0.0])], [Step(1, 3, None)], reward=1.0
     )
     b = build_batch([t1, t2], PAD)
-    b.extras["adv"] = b.loss_mask * 2
+    b.extras.more["adv"] = b.loss_mask * 2
     s = b.select([1])
-    assert s.rewards.tolist() == [1.0] and s.extras["adv"].shape == (1, 4)
+    assert s.rewards.tolist() == [1.0] and s.extras.more["adv"].shape == (1, 4)
     tr = b.select([0]).trim(3)
-    assert tr.input_ids.tolist() == [[1, 2, 3]] and tr.extras["adv"].shape == (1, 3)
+    assert tr.input_ids.tolist() == [[1, 2, 3]] and tr.extras.more["adv"].shape == (1, 3)
     assert tr.step_ends.tolist() == b.step_ends[:1].tolist()
+
+
+def test_batch_extras_are_a_typed_contract():
+    """A misspelt field is an error, not a silent new key; a field the reader needs and the batch lacks names
+    itself; select / trim / to carry every field present, token-aligned ones cut with the batch."""
+    import pytest
+
+    from searchrl.core.types import BatchExtras
+
+    e = BatchExtras(old_logp=torch.ones(2, 4), episode_ids=torch.tensor([3, 5]))
+    with pytest.raises(AttributeError):
+        e.old_lopg = torch.zeros(2, 4)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="no ref_logp"):
+        e.need("ref_logp")
+    with pytest.raises(AttributeError):
+        e.need("advantage")
+    cut = e.map(lambda v: v[:, :3] if v.dim() == 2 else v)
+    assert cut.old_logp.shape == (2, 3) and cut.episode_ids.tolist() == [3, 5] and cut.ref_logp is None

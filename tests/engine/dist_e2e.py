@@ -162,14 +162,16 @@ def trainer_config(
     )
 
 
-def records(rt: Any, case: str) -> list[dict[str, Any]] | None:
+def records(resources: Any, case: str) -> list[dict[str, Any]] | None:
     """Offline data: teacher trajectories (SFT), or step pairs built from them (DPO, PRM): the state
     before a teacher action, that action as chosen and a malformed search as rejected."""
     from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
 
     if case not in ("sft", "dpo", "prm"):
         return None
-    recs = teacher_records(rt.env(), rt.world, rt.examples("train")[:24], TeacherConfig())
+    recs = teacher_records(
+        resources.env(), resources.world, resources.examples("train")[:24], TeacherConfig()
+    )
     if case == "sft":
         return recs
     pairs = []
@@ -194,11 +196,11 @@ def build(
     replay given episodes in one process)."""
     from searchrl.algorithms import algorithm_config
     from searchrl.app.experiment import load_experiment
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.engine.trainer import Trainer
 
     exp = load_experiment(None, overrides(world, model, out, case))
-    rt = Runtime(exp)
+    resources = Resources(exp)
     spec = CASES[case]
     tr = Trainer(
         algorithm=spec["algorithm"],
@@ -212,12 +214,12 @@ def build(
             ASYNC["max_staleness"] if spec.get("async") and not sync else 0,
         ),
         out_dir=out,
-        runtime=rt,
-        records=records(rt, case),
+        resources=resources,
+        records=records(resources, case),
         resume=resume,
         seed=0,
     )
-    return tr, rt
+    return tr, resources
 
 
 def checkpointing(model: Any) -> bool:
@@ -282,7 +284,7 @@ def instrument(tr: Any) -> dict[str, list[Any]]:
 def worker_state(tr: Any) -> dict[str, Any]:
     """The rollout worker's version and its copy's largest difference from the trainer's weights (gathered
     under ZeRO-3, a collective); then the worker is stopped."""
-    from searchrl.engine.weights import gathered
+    from searchrl.engine.worker_weights import gathered
 
     with gathered(tr.engine, tr.policy) as w:
         theirs = dict(tr.rollouts.worker.model.named_parameters())
@@ -302,7 +304,7 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
     import torch
 
     out = out_root / case
-    tr, rt = build(world, model, out, case)
+    tr, resources = build(world, model, out, case)
     eng = tr.engine
     seen = instrument(tr)
     logged = [tr.step(0)]
@@ -324,7 +326,7 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
         from searchrl.app.train import make_evaluator
 
         with eng.phase("evaluation", 1):
-            result["eval"] = make_evaluator(rt, "dev", 7)(tr, 2)
+            result["eval"] = make_evaluator(resources, "dev", 7)(tr, 2)
         tr.ckpt.save(2, {"metrics": logged[-1], "algorithm": tr.algo.state_dict()})
         result["continued"] = tr.step(2)
         resumed, _ = build(world, model, out, case, resume=True)

@@ -167,13 +167,13 @@ def test_sampled_softmax_estimates_the_normaliser_without_bias():
 
 
 def test_sft_with_a_sampled_softmax_lowers_the_exact_loss(make_exp, small_world):
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
     from tests.engine.test_trainer import trainer_for
 
     exp = make_exp()
-    rt = Runtime(exp)
-    recs = teacher_records(rt.env(), small_world, small_world.examples("train")[:32], TeacherConfig())
+    resources = Resources(exp)
+    recs = teacher_records(resources.env(), small_world, small_world.examples("train")[:32], TeacherConfig())
     cfg = TrainerConfig(steps=6, batch_size=8, micro_batch_size=8, lr=3e-3, save_every=100)
     tr = trainer_for(exp, "sft", cfg, records=recs, args={"sampled_softmax": 64})
     from searchrl.core.masking import build_batch

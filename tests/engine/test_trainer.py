@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from searchrl.algorithms import algorithm_config
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.core.config import TrainerConfig
 from searchrl.engine.engine import NonFiniteError
 from searchrl.engine.metrics import progress_fields, read_metrics
@@ -29,7 +29,7 @@ GROUPED = {"grpo", "ppo", "steppo"}  # algorithms that take group_size: 4 rollou
 
 
 def trainer_for(exp, algorithm, cfg, records=None, resume=False, out=None, args=None):
-    rt = Runtime(exp)
+    resources = Resources(exp)
     return Trainer(
         algorithm=algorithm,
         config=algorithm_config(
@@ -38,7 +38,7 @@ def trainer_for(exp, algorithm, cfg, records=None, resume=False, out=None, args=
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=out or exp.out,
-        runtime=rt,
+        resources=resources,
         records=records,
         resume=resume,
         seed=exp.seed,
@@ -78,9 +78,9 @@ def test_wsd_schedule_warms_up_holds_then_decays_to_zero():
 
 def test_sft_learns_and_exports(make_exp, small_world, caplog):
     exp = make_exp()
-    rt = Runtime(exp)
+    resources = Resources(exp)
     recs = teacher_records(
-        rt.env(), small_world, small_world.examples("train")[:64], TeacherConfig(rename_prob=0.5)
+        resources.env(), small_world, small_world.examples("train")[:64], TeacherConfig(rename_prob=0.5)
     )
     cfg = TrainerConfig(steps=8, batch_size=16, micro_batch_size=8, lr=3e-3, save_every=4)
     tr = trainer_for(exp, "sft", cfg, records=recs)
@@ -173,9 +173,10 @@ def test_one_update_per_batch_takes_pi_old_from_the_update_itself(make_exp, tmp_
     assert m0["rollout/logprob_abs_diff"] < 1e-4
     assert all(torch.allclose(w0[k], w1[k], atol=1e-6) for k in w0)
     ppo = trainer_for(exp, "ppo", cfg, out=tmp_path / "ppo")  # GAE reads the old values first
-    assert ppo.training_step.shape.old_pass and trainer_for(
-        exp, "grpo", replace(cfg, epochs=2), out=tmp_path / "e2"
-    ).training_step.shape.old_pass
+    assert (
+        ppo.training_step.shape.old_pass
+        and trainer_for(exp, "grpo", replace(cfg, epochs=2), out=tmp_path / "e2").training_step.shape.old_pass
+    )
 
 
 def test_resume_repeats_an_uninterrupted_run(make_exp, tmp_path, monkeypatch):

@@ -49,8 +49,8 @@ def test_an_episode_stays_in_one_assistant_turn(qwen_tok, world_bm25, small_worl
 def test_a_chat_template_needs_a_tokenizer_that_has_one(make_exp, world_bm25):
     with pytest.raises(ValueError, match="chat template"):
         SearchEnv(world_bm25, template="research_instruct")
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
 
     exp = make_exp("env.template=research_instruct", "model.path=null")
     with pytest.raises(ConfigError, match="the local tokenizer has none"):
-        Runtime(exp).env()
+        Resources(exp).env()

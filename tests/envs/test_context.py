@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from searchrl.algorithms.estimators import AdvantageInput, grpo, per_episode, reinforce_batch
+from searchrl.algorithms.advantage_estimators import AdvantageInput, grpo, per_episode, reinforce_batch
 from searchrl.core.masking import build_batch
 from searchrl.core.types import Segment, Trajectory
 from searchrl.data.corpus import Doc
@@ -150,7 +150,7 @@ def test_group_baselines_count_episodes_not_rows():
     # group 0: rewards 1 (3 rows), 0 (1 row); group 1: rewards 1, 1, 0 (2, 1, 1 rows)
     rows = rows_of([(0, 1.0, 3), (0, 0.0, 1), (1, 1.0, 2), (1, 1.0, 1), (1, 0.0, 1)])
     batch = build_batch(rows, 0)
-    ids = batch.extras["episode_ids"]
+    ids = batch.extras.episode_ids
     x = AdvantageInput(batch.rewards, batch.group_ids, batch.loss_mask, None, Cfg)
     adv = per_episode(grpo, x, ids)
     # by hand: group 0 mean 0.5, std (unbiased) 0.7071 -> +-0.7071; group 1 mean 2/3, std 0.5774 -> 0.5774, -1.1547
@@ -169,7 +169,7 @@ def test_batch_mean_and_kl_penalty_are_per_episode_and_padding_is_ignored():
     batch = build_batch([*rows, pad], 0)
     kl = batch.loss_mask * 0.1  # β·KL 0.1 per action token
     x = AdvantageInput(batch.rewards, batch.group_ids, batch.loss_mask, kl, Cfg)
-    adv = per_episode(reinforce_batch, x, batch.extras["episode_ids"])
+    adv = per_episode(reinforce_batch, x, batch.extras.episode_ids)
     # episode rewards less their KL: 1 - 0.1 * (2 + 1 + 1) = 0.6 and 0 - 0.1 * 2 = -0.2: batch mean 0.2
     first = [float(adv[i][batch.loss_mask[i] > 0][0]) for i in range(4)]
     assert first == pytest.approx([0.4, 0.4, 0.4, -0.4]) and float(adv[4].abs().sum()) == 0.0

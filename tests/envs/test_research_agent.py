@@ -119,12 +119,12 @@ def test_process_data_of_the_research_agent_is_one_record_per_step(tiny_model_di
     import searchrl.app.process_data as pd
 
     exp = make_exp("process_data={n: 2, chosen_min: 1.0, rejected_max: -1.0}")
-    rt = SimpleNamespace(exp=exp, env=lambda: env, examples=lambda split: [ex])
+    resources = SimpleNamespace(exp=exp, env=lambda: env, examples=lambda split: [ex])
     orig = pd.ANNOTATORS
     pd.ANNOTATORS = SimpleNamespace(get=lambda name: lambda **kw: annotate)
     try:
         pairs, records, summary = collect(
-            rt, ScriptedCandidates(tok, [[good, bad], [right, bad]]), tok, progress=False
+            resources, ScriptedCandidates(tok, [[good, bad], [right, bad]]), tok, progress=False
         )
     finally:
         pd.ANNOTATORS = orig

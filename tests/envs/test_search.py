@@ -174,7 +174,7 @@ def test_agent_designs_direct_and_rag(world_bm25, small_world):
 def test_every_retrieval_is_counted_in_search_metrics(agent, world_bm25, small_world):
     """Gold recall and the search count equal what the retriever returned, whoever searched: the agent, or
     the environment itself (the rag design retrieves with the question before the first action)."""
-    from searchrl.app.eval import episode_metrics, gold_recall
+    from searchrl.app.eval_episodes import episode_metrics, gold_recall
 
     ex = next(e for e in small_world.examples("test") if e.n_hops == 2)
     env = SearchEnv(world_bm25, template="short", topk=2, max_turns=3, agent=agent)

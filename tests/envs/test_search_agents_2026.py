@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from searchrl.algorithms.estimators import AdvantageInput, reinforce, reinforce_batch
+from searchrl.algorithms.advantage_estimators import AdvantageInput, reinforce, reinforce_batch
 from searchrl.core.types import Segment, Trajectory
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example
@@ -72,17 +72,17 @@ def test_simulated_noise_rate_follows_the_curriculum(small_world):
 
 def test_the_run_builds_the_simulators_client(tmp_path):
     from searchrl.app.experiment import load_experiment
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.core.errors import DataError
     from searchrl.rollout.chat import OpenAIChatClient
 
     llm = "{model: sim, url: 'http://127.0.0.1:9/v1', api_key_env: null}"
     exp = load_experiment(None, [f"env.retriever={{name: simulated, args: {{source: llm, llm: {llm}}}}}"])
-    sim = Runtime(exp).retriever
+    sim = Resources(exp).retriever
     assert isinstance(sim, SimulatedRetriever) and isinstance(sim.client, OpenAIChatClient)
     bad = load_experiment(None, ["env.retriever={name: simulated, args: {source: llm, llm: {modle: x}}}"])
     with pytest.raises(DataError, match=r"env.retriever.args.llm: unknown key\(s\) modle"):
-        _ = Runtime(bad).retriever
+        _ = Resources(bad).retriever
     with pytest.raises(DataError, match="needs a chat client"):
         SimulatedRetriever(source="llm")
 

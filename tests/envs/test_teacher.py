@@ -1,6 +1,6 @@
 import random
 
-from searchrl.app.eval import episode_metrics
+from searchrl.app.eval_episodes import episode_metrics
 from searchrl.core.answers import exact_match
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.teacher import TeacherConfig, run_teacher, teacher_records, vague_query

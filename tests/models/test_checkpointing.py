@@ -78,7 +78,7 @@ def test_generation_with_checkpointing_is_unchanged(tiny_model_dir):
 
 def make_trainer(make_exp, tmp_path, algorithm: str, *overrides: str):
     from searchrl.algorithms import algorithm_config
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.core.config import SamplesConfig, TrainerConfig
     from searchrl.engine.trainer import Trainer
 
@@ -92,7 +92,7 @@ def make_trainer(make_exp, tmp_path, algorithm: str, *overrides: str):
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=tmp_path / "out",
-        runtime=Runtime(exp),
+        resources=Resources(exp),
         seed=0,
     )
 

@@ -29,7 +29,7 @@ def test_forward_and_generate(tiny_model_dir):
 
 
 def test_small_size_parameter_count(tmp_path, small_world, world_bm25):
-    from searchrl.app.runtime import tokenizer_texts
+    from searchrl.app.resources import tokenizer_texts
     from searchrl.envs.search import SearchEnv
     from searchrl.models.tiny import build_local_model
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchrl.app.runtime import Runtime
+from searchrl.app.resources import Resources
 from searchrl.core.config import ConfigError, TrainerConfig
 from searchrl.core.functional import token_logprobs
 from searchrl.engine.metrics import read_metrics
@@ -27,12 +27,12 @@ def exp(make_exp, agent_model_dir):
 
 
 def pipeline(exp, steps, max_staleness, batch=2, group=2, **kw):
-    rt = Runtime(exp)
-    env = rt.env()
+    resources = Resources(exp)
+    env = resources.env()
     from searchrl.models.policy import load_policy
 
     policy, tok = load_policy(str(exp.model.path), exp.model.dtype, None, False, False)
-    examples = rt.examples("train")
+    examples = resources.examples("train")
     worker = copy.deepcopy(policy)
     p = AsyncRollout(
         worker,
@@ -230,7 +230,7 @@ def test_lora_ships_the_adapter_and_the_copy_equals_the_trainer(exp):
     from types import SimpleNamespace
 
     from searchrl.core.config import LoraConfig
-    from searchrl.engine.weights import gathered, whole_copy
+    from searchrl.engine.worker_weights import gathered, whole_copy
     from searchrl.models.policy import load_policy
     from searchrl.models.weights import trainable_names
 
@@ -261,13 +261,13 @@ def test_max_staleness_zero_is_the_synchronous_trainer(exp, tmp_path):
 
 
 def test_rollout_without_a_stream_keeps_versions_empty(exp):
-    rt = Runtime(exp)
-    env = rt.env()
+    resources = Resources(exp)
+    env = resources.env()
     from searchrl.models.policy import load_policy
 
     policy, tok = load_policy(str(exp.model.path), exp.model.dtype, None, False, False)
     gen = GENERATORS.get("hf")(policy, tok, env.tags.stop_strings, continuous=False)
-    trajs, _ = rollout(rt.examples("train")[:1], env, gen, tok, SamplingParams(1.0, 1.0, 8), 1, 256)
+    trajs, _ = rollout(resources.examples("train")[:1], env, gen, tok, SamplingParams(1.0, 1.0, 8), 1, 256)
     assert all(s.versions is None for t in trajs for s in t.segments)
 
 

@@ -5,7 +5,7 @@ from searchrl.envs.search import SearchEnv
 from searchrl.models import load_model_and_tokenizer
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import start_trajectories
-from searchrl.rollout.search import best, step_search
+from searchrl.rollout.step_search import best, step_search
 from tests.helpers import ScriptedCandidates
 
 

@@ -33,7 +33,7 @@ def recompute(model, prompt, gen, temperature):
 @pytest.fixture(scope="module")
 def small_model_dir(tmp_path_factory, small_world, world_bm25):
     """The `small` local model: vLLM's CPU attention needs a head size of 32 or more (`tiny` has 24)."""
-    from searchrl.app.runtime import tokenizer_texts
+    from searchrl.app.resources import tokenizer_texts
     from searchrl.envs.search import SearchEnv
     from searchrl.envs.tags import ALL_TAG_STRINGS
     from searchrl.models.tiny import build_local_model
@@ -143,7 +143,7 @@ def vllm_grpo(make_exp, model_dir, memory, cfg, over=None, **args):
     import json
 
     from searchrl.algorithms import algorithm_config
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.engine.trainer import Trainer
 
     exp = make_exp(
@@ -160,7 +160,7 @@ def vllm_grpo(make_exp, model_dir, memory, cfg, over=None, **args):
         model_path=exp.model.path,
         cfg=cfg,
         out_dir=exp.out,
-        runtime=Runtime(exp),
+        resources=Resources(exp),
         seed=0,
     )
     return exp, tr

@@ -146,7 +146,7 @@ class Algorithm(ABC):
         corr = getattr(self.cfg, "rollout_correction", None)
         if corr is None or not corr.weight_kl:
             return None
-        w: torch.Tensor | None = batch.extras.get("is_weight")
+        w: torch.Tensor | None = batch.extras.is_weight
         return None if w is None else w.detach()
 
     def with_kl(
@@ -161,7 +161,7 @@ class Algorithm(ABC):
         estimator ``kl_estimator``), weighted by the sampler-trainer correction's w where it applies
         (`kl_weight`), and logs the entropy."""
         if self.cfg.kl_in == "loss" and self.kl_coef > 0:
-            kl = self.kl_estimate(logp, mb.extras["ref_logp"])
+            kl = self.kl_estimate(logp, mb.extras.need("ref_logp"))
             w = self.kl_weight(mb)
             if w is not None:
                 metrics["kl_unweighted"] = kl.detach()

@@ -74,7 +74,7 @@ class DPO(PairwiseAlgorithm):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         c, r = pair_split(mb)
         seq = (logp * mb.loss_mask).sum(-1)
-        ref = (mb.extras["ref_logp"] * mb.loss_mask).sum(-1)
+        ref = (mb.extras.need("ref_logp") * mb.loss_mask).sum(-1)
         nll = -seq[c] / mb.loss_mask[c].sum(-1).clamp(min=1)
         loss, margin = dpo_loss(
             seq[c], seq[r], ref[c], ref[r], self.cfg.beta, self.cfg.label_smoothing, self.cfg.rpo_alpha, nll

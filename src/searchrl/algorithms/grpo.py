@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
+from searchrl.algorithms.advantage_estimators import AdvantageInput, per_episode
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
 from searchrl.algorithms.correction import RolloutCorrection
 from searchrl.algorithms.dapo import DynamicSampling, dynamic_collect, mask_truncated
-from searchrl.algorithms.estimators import AdvantageInput, per_episode
-from searchrl.algorithms.losses import check_clip, check_stabilisers
+from searchrl.algorithms.loss_terms import check_clip, check_stabilisers
 from searchrl.algorithms.policy_losses import batch_policy_loss, check_policy_loss
 from searchrl.core.aggregate import Mean, Sum
 from searchrl.core.types import RolloutBatch, Trajectory
@@ -50,7 +50,7 @@ class GroupPolicyConfig:
     )
     # sampler-trainer importance weights or masks (`algorithms.correction`); mode none: the papers' eq. 1
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
-    # the advantage estimator (`algorithms.estimators`): grpo (eq. 1), rloo, reinforce (no baseline),
+    # the advantage estimator (`algorithms.advantage_estimators`): grpo (eq. 1), rloo, reinforce (no baseline),
     # reinforce_batch (batch-mean baseline), reinforce_baseline (group mean), reinforce_pp (REINFORCE++),
     # reinforce_pp_baseline, or a dotted path to your own
     advantage: str = field(default="grpo", metadata={"registry": "advantages"})
@@ -130,7 +130,10 @@ class GRPO(Algorithm):
         metrics: dict[str, float] = {}
         kl = None
         if self.cfg.kl_in == "reward" and self.kl_coef > 0:
-            kl = self.kl_estimate(batch.extras["old_logp"], batch.extras["ref_logp"]) * batch.loss_mask
+            kl = (
+                self.kl_estimate(batch.extras.need("old_logp"), batch.extras.need("ref_logp"))
+                * batch.loss_mask
+            )
             w = self.kl_weight(
                 batch
             )  # the reward's penalty is carried by the policy loss's weight; the metric
@@ -140,9 +143,9 @@ class GRPO(Algorithm):
         sum_all = self.ctx.sum_all if self.ctx is not None else float  # one process: the batch is global
         x = AdvantageInput(batch.rewards, batch.group_ids, batch.loss_mask, kl, self.cfg, sum_all)
         estimator = ADVANTAGES.get(self.cfg.advantage)
-        episodes = batch.extras.get("episode_ids")  # folded episodes: baselines over episodes, not rows
+        episodes = batch.extras.episode_ids  # folded episodes: baselines over episodes, not rows
         adv = estimator(x) if episodes is None else per_episode(estimator, x, episodes)
-        batch.extras["advantages"] = adv * batch.loss_mask
+        batch.extras.advantages = adv * batch.loss_mask
         return metrics
 
     def loss(

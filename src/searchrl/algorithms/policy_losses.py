@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from searchrl.algorithms.losses import clipped_policy_loss, clipped_surrogate, log_ratio
+from searchrl.algorithms.loss_terms import clipped_policy_loss, clipped_surrogate, log_ratio
 
 if TYPE_CHECKING:
     from searchrl.core.types import RolloutBatch
@@ -161,8 +161,8 @@ def batch_policy_loss(
 
     name = getattr(cfg, "policy_loss", "clip")
     fn = POLICY_LOSSES.get(name)
-    loss, metrics = fn(logp, mb.extras["old_logp"], mb.extras["advantages"], mb.loss_mask, cfg)
-    weight = mb.extras.get("is_weight")
+    loss, metrics = fn(logp, mb.extras.need("old_logp"), mb.extras.need("advantages"), mb.loss_mask, cfg)
+    weight = mb.extras.is_weight
     if weight is not None:
         weight = weight.detach()
         if (

@@ -7,7 +7,7 @@ ZeRO-3; under LoRA the adapter and the head train. Per step:
    (StePPO), one score per step;
 2. token rewards: the outcome at the last action token, step scores at each step's last action token,
    and, with ``kl_in: reward``, −β·KL_t on every action token (β fixed, or adaptive à la Ziegler et al.);
-3. GAE(γ, λ) over the action tokens only (`advantages.gae`: retrieved tokens carry no TD error), then
+3. GAE(γ, λ) over the action tokens only (`advantage_math.gae`: retrieved tokens carry no TD error), then
    advantages whitened over the batch's action tokens (unbiased std, as verl, which Search-R1 runs on);
 4. loss per action token: the clipped surrogate (skipped during ``critic_warmup_steps``) plus
    ``vf_coef`` · ½·max((V − R)², (V_clip − R)²) with V_clip = V_old + clip(V − V_old, ±value_clip), plus
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from searchrl.algorithms.advantages import gae, token_rewards
+from searchrl.algorithms.advantage_math import gae, token_rewards
 from searchrl.algorithms.base import Algorithm, Requirements, check_group_size, head_param_groups
 from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.algorithms.losses import check_clip, check_stabilisers
+from searchrl.algorithms.loss_terms import check_clip, check_stabilisers
 from searchrl.algorithms.policy_losses import batch_policy_loss, check_policy_loss
 from searchrl.core.types import RolloutBatch
 
@@ -129,7 +129,7 @@ class PPO(Algorithm):
         total = self.ctx.sum_all
         n = max(total(mask.sum()), 1.0)
         if self.kl_coef > 0:
-            kl = self.kl_estimate(batch.extras["old_logp"], batch.extras["ref_logp"]) * mask
+            kl = self.kl_estimate(batch.extras.need("old_logp"), batch.extras.need("ref_logp")) * mask
             seqs = total(float((mask.sum(-1) > 0).sum()))
             # under a sampler-trainer correction the estimate is weighted (`kl_weight`); the reward's penalty is
             # not: the policy loss's weight carries it
@@ -140,7 +140,7 @@ class PPO(Algorithm):
                 rewards = rewards - self.kl_coef * kl
             if cfg.adaptive_kl:
                 self.kl.update(seq_kl, int(seqs))
-        values = batch.extras["old_values"]
+        values = batch.extras.need("old_values")
         adv, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
         metrics["critic/value_mean"] = total((values * mask).sum()) / n
         return_mean = total((returns * mask).sum()) / n
@@ -155,8 +155,8 @@ class PPO(Algorithm):
             mean = total((adv * mask).sum()) / n
             var = total((((adv - mean) * mask) ** 2).sum()) / max(n - 1.0, 1.0)
             adv = (adv - mean) * torch.rsqrt(torch.tensor(var + 1e-8)) * mask
-        batch.extras["advantages"] = adv * mask
-        batch.extras["returns"] = returns
+        batch.extras.advantages = adv * mask
+        batch.extras.returns = returns
         return metrics
 
     def loss(
@@ -173,7 +173,7 @@ class PPO(Algorithm):
         if self.step < cfg.critic_warmup_steps:
             pg = pg * 0.0
         vloss, vmetrics = clipped_value_loss(
-            values, mb.extras["old_values"], mb.extras["returns"], cfg.value_clip
+            values, mb.extras.need("old_values"), mb.extras.need("returns"), cfg.value_clip
         )
         metrics.update(vmetrics, pg_loss=pg.detach(), value_loss=vloss.detach())
         return self.with_kl(pg + cfg.vf_coef * vloss, metrics, logp, entropy, mb)

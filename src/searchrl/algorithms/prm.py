@@ -4,7 +4,7 @@
     L = −log σ( r(s, a⁺) − r(s, a⁻) ).
 
 r(s, a) is the head on the hidden state of the action's last token. The model (LM + head,
-`models.policy.PolicyWithValue`) is saved as a model of its own; `rewards.prm` loads it to score
+`models.policy.PolicyWithValue`) is saved as a model of its own; `rewards.prm_scorer` loads it to score
 actions, as a reward for the online algorithms and for PRM-guided best-of-N inference (Algorithm 1).
 """
 

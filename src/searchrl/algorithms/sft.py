@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from searchrl.algorithms.base import Algorithm, Requirements
-from searchrl.algorithms.losses import nll_loss
+from searchrl.algorithms.loss_terms import nll_loss
 from searchrl.core.aggregate import Sum
 from searchrl.core.types import RolloutBatch, Segment, Step, Trajectory
 from searchrl.rollout.loop import encode

@@ -36,7 +36,7 @@ from searchrl.core.aggregate import Mean, Sum
 from searchrl.core.types import Segment, Step, Trajectory
 from searchrl.rewards.judges import JUDGES, JudgeItem, JudgeScores
 from searchrl.rollout.loop import RolloutStats, start_trajectories
-from searchrl.rollout.search import step_search
+from searchrl.rollout.step_search import step_search
 
 if TYPE_CHECKING:
     from searchrl.core.config import EnvConfig
@@ -172,7 +172,7 @@ def step_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
     """Eq. 4: (r − mean) / (std + ε) within the k candidates of one step (unbiased std, as GRPO's)."""
     import torch
 
-    from searchrl.algorithms.advantages import grpo_outcome
+    from searchrl.algorithms.advantage_math import grpo_outcome
 
     r = torch.tensor(rewards, dtype=torch.float64)
     return grpo_outcome(r, torch.zeros(len(rewards), dtype=torch.long), eps=eps).tolist()

@@ -64,7 +64,7 @@ def cmd_config_reference(args: argparse.Namespace) -> None:
 
 def cmd_build_model(args: argparse.Namespace) -> None:
     from searchrl.app.experiment import load_experiment
-    from searchrl.app.runtime import Runtime, tokenizer_texts
+    from searchrl.app.resources import Resources, tokenizer_texts
     from searchrl.envs.tags import ALL_TAG_STRINGS
     from searchrl.models.tiny import SIZES, build_local_model
 
@@ -80,12 +80,12 @@ def cmd_build_model(args: argparse.Namespace) -> None:
     exp = load_experiment(
         args.config, [*args.overrides, f"data.world_dir={args.world}"] if args.world else args.overrides
     )
-    rt = Runtime(exp)
-    if rt.world is None:
+    resources = Resources(exp)
+    if resources.world is None:
         raise SearchRLError("build-model trains its tokenizer on a synthetic world: pass --world DIR")
     out = build_local_model(
         args.size,
-        tokenizer_texts(rt.world, rt.env()),
+        tokenizer_texts(resources.world, resources.env()),
         args.out,
         seed=exp.seed,
         tags=ALL_TAG_STRINGS,
@@ -270,21 +270,21 @@ def cmd_view(args: argparse.Namespace) -> None:
 
 def cmd_teacher(args: argparse.Namespace) -> None:
     from searchrl.app.experiment import load_experiment
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.data.example import write_jsonl
     from searchrl.envs.synthetic.teacher import teacher_records
 
     exp = load_experiment(args.config, args.overrides)
-    rt = Runtime(exp)
-    if rt.world is None:
+    resources = Resources(exp)
+    if resources.world is None:
         raise SearchRLError("the teacher needs the synthetic world (data.source: synthetic)")
-    records = teacher_records(rt.env(), rt.world, rt.examples(args.split), exp.teacher)
+    records = teacher_records(resources.env(), resources.world, resources.examples(args.split), exp.teacher)
     write_jsonl(args.out, records)
     print(f"{len(records)} teacher trajectories ({args.split}) written to {args.out}")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from searchrl.app.eval import markdown_table
+    from searchrl.app.eval_episodes import markdown_table
     from searchrl.app.experiment import load_experiment
 
     rows: dict[str, dict[str, Any]] = {}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from searchrl.core.errors import SearchRLError
 
 if TYPE_CHECKING:
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.core.config import Experiment
 
 
@@ -22,20 +22,20 @@ def evaluate(
     NAME.predictions.jsonl and NAME.config.yaml in ``exp.out``, NAME = ``eval-AGENT[-DESIGN]-LABEL`` (LABEL:
     ``label``, else the split). ``model``: the policy's model directory (default: the run's final model,
     else ``model.path``). Returns {NAME: metrics}; PRM best-of-N (``eval.agent: prm``) gives one row per N."""
-    from searchrl.app.eval import EVAL_AGENTS, add_judge_metrics, episode_metrics, write_results
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.eval_episodes import EVAL_AGENTS, add_judge_metrics, episode_metrics, write_results
+    from searchrl.app.resources import Resources
     from searchrl.core.config import save_resolved
     from searchrl.core.serving import check_failure_rates, failure_summary, service_metrics
 
-    rt = Runtime(exp)
-    examples = rt.examples(exp.eval.split)[: exp.eval.limit]
+    resources = Resources(exp)
+    examples = resources.examples(exp.eval.split)[: exp.eval.limit]
     label = label or exp.eval.split
     t = time.perf_counter()
     if model:
         check_model_dir(model)
     if exp.eval.agent == "prm":  # the start policy guided by the trained PRM, one row per N
-        return evaluate_prm(exp, rt, label, model)
-    states = EVAL_AGENTS[exp.eval.agent](rt, examples, None if model is None else str(model), label)
+        return evaluate_prm(exp, resources, label, model)
+    states = EVAL_AGENTS[exp.eval.agent](resources, examples, None if model is None else str(model), label)
     for line in failure_summary():
         print(line)
     check_failure_rates(service_metrics())  # a failing summarizer endpoint makes the numbers meaningless
@@ -52,7 +52,7 @@ def evaluate(
 
 
 def evaluate_prm(
-    exp: Experiment, rt: Runtime, label: str, model: str | Path | None = None
+    exp: Experiment, resources: Resources, label: str, model: str | Path | None = None
 ) -> dict[str, dict[str, Any]]:
     """RAG-Gym Algorithm 1: the start policy (``model``, the warm-start checkpoint, else the run's SFT
     model) guided by the PRM (``eval.prm``, else the run's final model), best-of-N for each N."""
@@ -65,7 +65,7 @@ def evaluate_prm(
     rows = {}
     for n in exp.eval.best_of:
         print(f"policy {policy} guided by the PRM in {prm}, best of {n}, on {label}")
-        rows[f"prm-best-of-{n}-{label}"] = evaluate_best_of_n(rt, Path(policy), Path(prm), n)
+        rows[f"prm-best-of-{n}-{label}"] = evaluate_best_of_n(resources, Path(policy), Path(prm), n)
         save_resolved(exp, exp.out / "eval", f"prm-best-of-{n}-{exp.eval.split}.config.yaml")
     return rows
 

@@ -31,7 +31,7 @@ from searchrl.envs.synthetic.teacher import step_records, trajectory_record
 from searchrl.rewards.judges import ANNOTATORS, JudgeItem
 from searchrl.rollout.generator import SamplingParams
 from searchrl.rollout.loop import RolloutStats, start_trajectories
-from searchrl.rollout.search import best, step_search
+from searchrl.rollout.step_search import best, step_search
 
 
 def step_pairs(
@@ -61,16 +61,16 @@ def step_pairs(
 
 
 def collect(
-    rt: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progress: bool = True
+    resources: Any, generator: Any, tokenizer: Any, *, batch: int = 64, progress: bool = True
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """(pairs, sft records, summary) for ``process_data.split`` of the experiment ``rt.exp``."""
+    """(pairs, sft records, summary) for ``process_data.split`` of the experiment ``resources.exp``."""
     from tqdm.auto import tqdm
 
-    exp, cfg = rt.exp, rt.exp.process_data
-    env = rt.env()
+    exp, cfg = resources.exp, resources.exp.process_data
+    env = resources.env()
     annotate = ANNOTATORS.get(cfg.annotator)(**cfg.annotator_args)
     params = SamplingParams(cfg.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens)
-    examples = rt.examples(cfg.split)[: cfg.limit]
+    examples = resources.examples(cfg.split)[: cfg.limit]
     pairs: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     stats = RolloutStats()
@@ -182,7 +182,7 @@ def _load(path: Path) -> list[dict[str, Any]]:
 
 
 def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
-    from searchrl.app.runtime import Runtime
+    from searchrl.app.resources import Resources
     from searchrl.models.load import load_model_and_tokenizer
     from searchrl.rollout.hf import HFGenerator
 
@@ -191,15 +191,15 @@ def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
 
         raise ConfigError("set where to write the data", key="process_data.out")
     torch.manual_seed(exp.seed)
-    rt = Runtime(exp)
+    resources = Resources(exp)
     policy, tok = load_model_and_tokenizer(model)
     gen = HFGenerator(
         policy.eval(),
         tok,
-        rt.env().stop_strings,
+        resources.env().stop_strings,
         batch_size=exp.rollout.batch_size,
         continuous=exp.rollout.loop == "episode",
     )
-    pairs, records, summary = collect(rt, gen, tok, progress=progress)
+    pairs, records, summary = collect(resources, gen, tok, progress=progress)
     save(Path(exp.process_data.out), pairs, records, summary, exp, model)
     return summary

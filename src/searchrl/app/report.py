@@ -80,7 +80,7 @@ def seed_of(run: Path) -> int:
 def question_scores(run: Path, metrics: dict[str, Any], key: str = "em") -> dict[str, float] | None:
     """{question id: score} of one evaluated stage (its ``results.json`` entry ``metrics``), from its
     predictions file (None when it has none)."""
-    from searchrl.app.eval import read_predictions
+    from searchrl.app.eval_episodes import read_predictions
 
     rel = metrics.get("predictions")
     if not rel or not (run / rel).exists():

@@ -32,7 +32,7 @@ STAGE_FILES = (
 # view/: `searchrl view RUN`'s default output, stale once the run starts over
 ROOT_FILES = (*STAGE_FILES, "results.json", "results.md", "learning_curve.png", "config.yaml", "view")
 STAGE_DIRS = ("sft",)
-# eval/NAME-SPLIT.{json,md,predictions.jsonl,hotpot.json,config.yaml} (`searchrl.app.eval.write_results`)
+# eval/NAME-SPLIT.{json,md,predictions.jsonl,hotpot.json,config.yaml} (`searchrl.app.eval_episodes.write_results`)
 EVAL_FILE = re.compile(r"^.+-(train|dev|test)\.(json|md|predictions\.jsonl|hotpot\.json|config\.yaml)$")
 TEACHER_FILE = re.compile(r"^teacher-\d+\.jsonl$")
 WORLD_FILES = ("world.json", "corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl")

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from searchrl.app.runtime import Runtime, local_model_dir
+from searchrl.app.resources import Resources, local_model_dir
 from searchrl.core.config import Experiment
 from searchrl.core.errors import ConfigError
 from searchrl.data.example import read_jsonl, write_jsonl
@@ -24,35 +24,38 @@ if TYPE_CHECKING:
     from searchrl.app.experiment import Resolved
 
 
-def teacher_sft_records(rt: Runtime, passes: int) -> list[dict[str, Any]]:
+def teacher_sft_records(resources: Resources, passes: int) -> list[dict[str, Any]]:
     """Teacher trajectories for every train question, ``passes`` times with fresh noise and names; cached."""
     from searchrl.envs.synthetic.teacher import teacher_records
 
-    if rt.world is None:
+    if resources.world is None:
         raise ConfigError(
             "the SFT warm start uses the synthetic world's teacher; set data.source: synthetic",
             key="warm_start",
         )
-    cache = rt.exp.out / "sft" / f"teacher-{passes}.jsonl"
+    cache = resources.exp.out / "sft" / f"teacher-{passes}.jsonl"
     if cache.exists():
         return list(read_jsonl(cache))
-    env, examples = rt.env(), rt.examples("train")
+    env, examples = resources.env(), resources.examples("train")
     records = []
     for p in range(passes):
         records += teacher_records(
-            env, rt.world, examples, replace(rt.exp.teacher, seed=rt.exp.teacher.seed + p)
+            env,
+            resources.world,
+            examples,
+            replace(resources.exp.teacher, seed=resources.exp.teacher.seed + p),
         )
     write_jsonl(cache, records)
     return records
 
 
-def make_evaluator(rt: Runtime, split: str, limit: int | None) -> Any:
+def make_evaluator(resources: Resources, split: str, limit: int | None) -> Any:
     """Periodic evaluation inside a Trainer: greedy episodes of the live policy, each process on its shard
     of the questions. The policy is gathered once for the whole evaluation (under ZeRO-3 every gather is
     a collective, and shards take different numbers of turns)."""
-    from searchrl.app.eval import episode_metrics, run_policy
+    from searchrl.app.eval_episodes import episode_metrics, run_policy
 
-    examples = rt.examples(split)[:limit]
+    examples = resources.examples(split)[:limit]
 
     def evaluate(trainer: Any, step: int) -> dict[str, float]:
         eng = trainer.engine
@@ -61,10 +64,10 @@ def make_evaluator(rt: Runtime, split: str, limit: int | None) -> Any:
             states = run_policy(
                 lambda: nullcontext(model),
                 trainer.tokenizer,
-                rt.env(),
+                resources.env(),
                 shard,
-                max_new_tokens=rt.exp.rollout.max_new_tokens,
-                max_total_tokens=rt.exp.rollout.max_total_tokens,
+                max_new_tokens=resources.exp.rollout.max_new_tokens,
+                max_total_tokens=resources.exp.rollout.max_total_tokens,
             )
         m = episode_metrics(eng.gather_objects(states))
         return {f"eval/{k}": float(v) for k, v in m.items() if isinstance(v, int | float)}
@@ -85,21 +88,21 @@ def _gathered(states: list[Any], state: Any) -> list[Any]:
     return list(gather_object(states))
 
 
-def evaluate_final(rt: Runtime, model_dir: Path, name: str, state: Any) -> dict[str, Any]:
+def evaluate_final(resources: Resources, model_dir: Path, name: str, state: Any) -> dict[str, Any]:
     """A saved model on the evaluation split, each process on its shard of the questions; the main
     process writes the results."""
     from contextlib import nullcontext
 
-    from searchrl.app.eval import add_judge_metrics, episode_metrics, run_policy, write_results
+    from searchrl.app.eval_episodes import add_judge_metrics, episode_metrics, run_policy, write_results
     from searchrl.models.load import load_model_and_tokenizer
 
-    e = rt.exp
+    e = resources.exp
     model, tokenizer = load_model_and_tokenizer(model_dir, whole=True)
-    shard = _shard(rt.examples(e.eval.split)[: e.eval.limit], state)
+    shard = _shard(resources.examples(e.eval.split)[: e.eval.limit], state)
     states = run_policy(
         lambda: nullcontext(model),
         tokenizer,
-        rt.env(),
+        resources.env(),
         shard,
         e.eval.temperature,
         e.rollout.max_new_tokens,
@@ -115,23 +118,23 @@ def evaluate_final(rt: Runtime, model_dir: Path, name: str, state: Any) -> dict[
 
 
 def evaluate_best_of_n(
-    rt: Runtime, policy_dir: Path, prm_dir: Path, n: int, state: Any = None
+    resources: Resources, policy_dir: Path, prm_dir: Path, n: int, state: Any = None
 ) -> dict[str, Any]:
     """The policy guided by the PRM (RAG-Gym Algorithm 1) on the evaluation split (sharded over the
     processes of ``state``, when given)."""
-    from searchrl.app.eval import add_judge_metrics, episode_metrics, run_best_of_n, write_results
+    from searchrl.app.eval_episodes import add_judge_metrics, episode_metrics, run_best_of_n, write_results
     from searchrl.models.load import load_model_and_tokenizer
-    from searchrl.rewards.prm import PRMScorer
+    from searchrl.rewards.prm_scorer import PRMScorer
 
-    e = rt.exp
+    e = resources.exp
     policy, tok = load_model_and_tokenizer(policy_dir, whole=True)
-    examples = rt.examples(e.eval.split)[: e.eval.limit]
+    examples = resources.examples(e.eval.split)[: e.eval.limit]
     shard = _shard(examples, state) if state is not None else examples
     states = run_best_of_n(
         policy.eval(),
         tok,
         PRMScorer(prm_dir),
-        rt.env(),
+        resources.env(),
         shard,
         n,
         e.eval.best_of_temperature,
@@ -150,7 +153,7 @@ def evaluate_best_of_n(
 
 
 def run_stage(
-    rt: Runtime,
+    resources: Resources,
     algorithm: str,
     config: Any,
     model: Path,
@@ -177,13 +180,15 @@ def run_stage(
         model_path=model.resolve(),
         cfg=trainer_cfg,
         out_dir=out,
-        runtime=rt,
+        resources=resources,
         records=records,
         resume=resume,
-        seed=rt.exp.seed,
+        seed=resources.exp.seed,
     )
     evaluator = (
-        make_evaluator(rt, trainer_cfg.eval_split, trainer_cfg.eval_limit) if trainer_cfg.eval_every else None
+        make_evaluator(resources, trainer_cfg.eval_split, trainer_cfg.eval_limit)
+        if trainer_cfg.eval_every
+        else None
     )
     return trainer.run(evaluator)
 
@@ -200,7 +205,7 @@ def train(
 
     state = distributed_state(exp.distributed.timeout)
     p = plan(exp, resolved)
-    rt = Runtime(exp)
+    resources = Resources(exp)
     out = exp.out
     records = None
     check_run_dir(exp, force, resume)  # every process reads it: they refuse together
@@ -208,13 +213,13 @@ def train(
         state.print(f"--resume: {out} has no checkpoints yet; training starts from step 0")
     if state.is_main_process:  # build the world, the local model and the teacher data once
         claim_run_dir(exp, force)
-        local_model_dir(rt)
+        local_model_dir(resources)
         if p.teacher_passes:
-            records = teacher_sft_records(rt, p.teacher_passes)
+            records = teacher_sft_records(resources, p.teacher_passes)
     wait_for_main(state)
     if p.teacher_passes and records is None:  # the other processes read what the main one cached
-        records = teacher_sft_records(rt, p.teacher_passes)
-    models: dict[str, Path] = {BASE: local_model_dir(rt)}
+        records = teacher_sft_records(resources, p.teacher_passes)
+    models: dict[str, Path] = {BASE: local_model_dir(resources)}
     for stage in p.stages:
         data = records if stage.data == "teacher" else None
         if stage.data.startswith("process-") and p.process_data is not None:
@@ -223,17 +228,17 @@ def train(
             data = (load_pairs if stage.data == "process-pairs" else load_sft)(p.process_data)
         start = models.get(stage.start, Path(stage.start))
         models[stage.name] = run_stage(
-            rt, stage.algorithm, stage.config, start, stage.trainer, stage.out, data, resume
+            resources, stage.algorithm, stage.config, start, stage.trainer, stage.out, data, resume
         )
     results: dict[str, Any] = {}
     for ev in p.evaluations:  # every process evaluates its shard
         model = models.get(ev.model, Path(ev.model))
         if ev.guide is None:
-            results[ev.name] = evaluate_final(rt, model, f"{ev.name}-{exp.eval.split}", state)
+            results[ev.name] = evaluate_final(resources, model, f"{ev.name}-{exp.eval.split}", state)
         else:
-            results[ev.name] = evaluate_best_of_n(rt, model, models[ev.guide], ev.n, state)
+            results[ev.name] = evaluate_best_of_n(resources, model, models[ev.guide], ev.n, state)
     if state.is_main_process:
-        from searchrl.app.eval import markdown_table
+        from searchrl.app.eval_episodes import markdown_table
 
         table = markdown_table({f"{n} ({exp.eval.split})": m for n, m in results.items()})
         (out / "results.md").write_text(table + "\n")

@@ -498,7 +498,7 @@ class Experiment:
 # ---------------------------------------------------------------------------------------------- loading
 
 
-class Ctx:
+class KeySources:
     """Tracks which file (or override) set each dotted key, so errors point at the right place."""
 
     def __init__(self) -> None:
@@ -527,11 +527,11 @@ class Ctx:
 
 
 def from_dict(
-    cls: type, data: dict[str, Any], source: str = "<config>", key: str = "", ctx: Ctx | None = None
+    cls: type, data: dict[str, Any], source: str = "<config>", key: str = "", ctx: KeySources | None = None
 ) -> Any:
     """Convert a mapping into dataclass ``cls`` with the schema's checks (types, ranges, choices); registry
     names are left in ``ctx.names`` (`searchrl.app.experiment.from_dict_checked` checks them too)."""
-    ctx = ctx if ctx is not None else Ctx()
+    ctx = ctx if ctx is not None else KeySources()
     ctx.source.setdefault("", source)
     return convert(cls, data, ctx, key)
 
@@ -550,7 +550,7 @@ _SCALARS: dict[type, tuple[Any, str]] = {
 _EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-def convert(tp: Any, value: Any, ctx: Ctx, key: str) -> Any:
+def convert(tp: Any, value: Any, ctx: KeySources, key: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
@@ -599,7 +599,7 @@ def convert(tp: Any, value: Any, ctx: Ctx, key: str) -> Any:
     raise TypeError(f"config type {tp!r} at '{key}' is not supported")  # a bug in a section definition
 
 
-def _convert_dataclass(cls: Any, value: Any, ctx: Ctx, key: str) -> Any:
+def _convert_dataclass(cls: Any, value: Any, ctx: KeySources, key: str) -> Any:
     if isinstance(value, cls):
         return value
     if value is None:
@@ -636,7 +636,7 @@ def _convert_dataclass(cls: Any, value: Any, ctx: Ctx, key: str) -> Any:
     return obj
 
 
-def _check_range(f: dataclasses.Field, value: Any, ctx: Ctx, key: str) -> None:
+def _check_range(f: dataclasses.Field, value: Any, ctx: KeySources, key: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ctx.error(key, "expected a finite number", value=value)
     check = f.metadata.get("range")
@@ -644,7 +644,7 @@ def _check_range(f: dataclasses.Field, value: Any, ctx: Ctx, key: str) -> None:
         raise ctx.error(key, f"must be {check[1]}", value=value)
 
 
-def _check_names(f: dataclasses.Field, value: Any, ctx: Ctx, key: str) -> None:
+def _check_names(f: dataclasses.Field, value: Any, ctx: KeySources, key: str) -> None:
     if value is None:
         return
     for kind in ("registry", "choices"):

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from searchrl.core.config import Ctx, Experiment, convert
+from searchrl.core.config import Experiment, KeySources, convert
 from searchrl.core.errors import ConfigError
 
 
@@ -64,7 +64,7 @@ def load_yaml(raw: bytes, file: str) -> Any:
         raise ConfigError(f"not valid YAML: {exc}", file=file) from None
 
 
-def _read_yaml(path: Path, ctx: Ctx, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def _read_yaml(path: Path, ctx: KeySources, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError("config file not found", file=str(path))
     if path.is_dir():
@@ -126,7 +126,7 @@ def parse_assignment(
         ) from None
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: Ctx) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: KeySources) -> dict[str, Any]:
     """``a.b=c`` sets data['a']['b'] to YAML-parsed ``c``; a mapping ``c`` merges into an existing section
     (``trainer={steps: 2}`` keeps the file's other trainer keys; a different ``name`` replaces it)."""
     data = _merge({}, data)
@@ -146,11 +146,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: Ctx) -> dic
 
 def read_experiment(
     path: str | Path | None = None, overrides: list[str] | None = None
-) -> tuple[Experiment, Ctx]:
+) -> tuple[Experiment, KeySources]:
     """The experiment a file and overrides describe, converted by the schema (types, ranges, choices), and
     the conversion's context: where each key came from and the registry names still to check
     (`searchrl.app.experiment.load_experiment` does both)."""
-    ctx = Ctx()
+    ctx = KeySources()
     data: dict[str, Any] = {}
     if path is not None:
         data = _read_yaml(Path(path), ctx)
@@ -183,7 +183,7 @@ _SECRET_VALUE = re.compile(
 )
 
 
-def refuse_secrets(data: Any, ctx: Ctx, key: str = "") -> None:
+def refuse_secrets(data: Any, ctx: KeySources, key: str = "") -> None:
     """Refuse a secret anywhere in a config (a file or an override): a key is read from the environment only
     (``api_key_env``: the variable's name), so that it is never written to ``config.yaml``, logs or errors.
     The error names the key, never the value."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from searchrl.core.types import RolloutBatch, Trajectory
+from searchrl.core.types import BatchExtras, RolloutBatch, Trajectory
 
 
 def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> RolloutBatch:
@@ -77,10 +77,9 @@ def build_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int | None = 
     )
 
 
-def _extras(trajs: Sequence[Trajectory], versions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def _extras(trajs: Sequence[Trajectory], versions: torch.Tensor | None) -> BatchExtras:
     """Per-row tensors only some batches have: the sampling versions (asynchronous rollouts) and the episode
     ids of folded episodes (`envs.context`: rows of one episode share one)."""
-    out = {} if versions is None else {"versions": versions}
-    if any(t.episode_id >= 0 for t in trajs):
-        out["episode_ids"] = torch.tensor([t.episode_id for t in trajs], dtype=torch.long)
-    return out
+    folded = any(t.episode_id >= 0 for t in trajs)
+    ids = torch.tensor([t.episode_id for t in trajs], dtype=torch.long) if folded else None
+    return BatchExtras(versions=versions, episode_ids=ids)

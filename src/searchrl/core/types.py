@@ -7,7 +7,7 @@ generated and never re-tokenized (docs/design.md §4.1); loss masks come from se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -161,6 +161,43 @@ class Trajectory:
         return self.state
 
 
+@dataclass(slots=True)
+class BatchExtras:
+    """The tensors the trainer and the algorithms add to a batch, by name: their contract, in one place (as
+    verl's ``DataProto`` and OpenRLHF's experience). (B, T) tensors are token-aligned with the batch and cut
+    with it; (B,) ones are per row. None: this batch has none (e.g. no reference model). A misspelt name is an
+    AttributeError, never a silent new key; an algorithm's own tensors go in ``more``."""
+
+    old_logp: torch.Tensor | None = None  # (B, T) π_old's log-probs of the action tokens
+    ref_logp: torch.Tensor | None = None  # (B, T) the reference model's
+    old_values: torch.Tensor | None = None  # (B, T) the value head's under π_old (PPO)
+    advantages: torch.Tensor | None = (
+        None  # (B, T) the algorithm's, 0 off the loss mask (`Algorithm.prepare`)
+    )
+    returns: torch.Tensor | None = None  # (B, T) the value head's targets (PPO)
+    is_weight: torch.Tensor | None = None  # (B, T) the sampler-trainer correction weights
+    norm_mask: torch.Tensor | None = (
+        None  # (B, T) the tokens the loss is normalised over, when not the loss mask
+    )
+    versions: torch.Tensor | None = None  # (B, T) the policy version that sampled each token (asynchronous)
+    episode_ids: torch.Tensor | None = None  # (B,) the folded episode of each row (`envs.context`)
+    sample_row: torch.Tensor | None = None  # (B,) each row's index in the step's batch (`engine.samples`)
+    more: dict[str, torch.Tensor] = field(default_factory=dict)  # (B, T) or (B,): an algorithm's own
+
+    def need(self, name: str) -> torch.Tensor:
+        """Field ``name``, which the reader cannot go without: an error naming it when the batch has none (the
+        algorithm's `Requirements` did not ask for the pass that fills it)."""
+        value = getattr(self, name)  # a name that is not a field: AttributeError
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"the batch has no {name}: the algorithm's requirements do not ask for it")
+        return value
+
+    def map(self, fn: Any) -> BatchExtras:
+        """``fn(tensor)`` applied to every tensor present (rows selected, columns cut, a device move)."""
+        kept = {f.name: fn(v) for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)}
+        return BatchExtras(**kept, more={k: fn(v) for k, v in self.more.items()})
+
+
 @dataclass
 class RolloutBatch:
     """Right-padded tensors. B sequences, T tokens, S step slots."""
@@ -178,9 +215,7 @@ class RolloutBatch:
     group_ids: torch.Tensor  # (B,) long
     pair_ids: torch.Tensor  # (B,) long, the preference pair a row belongs to (-1: none)
     chosen: torch.Tensor  # (B,) bool, True on the chosen row of each pair
-    extras: dict[str, torch.Tensor] = field(
-        default_factory=dict
-    )  # (B, T) algorithm tensors (old_logp, advantages…), or (B,) per-sequence ones
+    extras: BatchExtras = field(default_factory=BatchExtras)  # what the trainer and the algorithm add
 
     TOKEN_FIELDS = ("input_ids", "attention_mask", "loss_mask", "obs_mask", "step_ids", "sampled_logprobs")
 
@@ -191,17 +226,20 @@ class RolloutBatch:
         """Rows ``idx`` of every tensor (a micro- or mini-batch)."""
         pick = (lambda t: t[idx]) if isinstance(idx, slice) else (lambda t: t[torch.as_tensor(idx)])
         fields = {k: pick(v) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
-        return RolloutBatch(**fields, extras={k: pick(v) for k, v in self.extras.items()})
+        return RolloutBatch(**fields, extras=self.extras.map(pick))
 
     def trim(self, width: int) -> RolloutBatch:
         """The first ``width`` positions (right padding past the longest row can be dropped)."""
         fields = {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
         for k in self.TOKEN_FIELDS:
             fields[k] = fields[k][:, :width]
-        return RolloutBatch(
-            **fields, extras={k: v[:, :width] if v.dim() == 2 else v for k, v in self.extras.items()}
-        )
+        return RolloutBatch(**fields, extras=self.extras.map(lambda v: v[:, :width] if v.dim() == 2 else v))
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         fields = {k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
-        return RolloutBatch(**fields, extras={k: v.to(device) for k, v in self.extras.items()})
+        return RolloutBatch(**fields, extras=self.extras.map(lambda v: v.to(device)))
+
+    @property
+    def norm_mask(self) -> torch.Tensor:
+        """The tokens the loss is normalised over: the loss mask, less the tokens the correction rejected."""
+        return self.loss_mask if self.extras.norm_mask is None else self.extras.norm_mask

@@ -4,7 +4,7 @@ process form `searchrl.rollout.worker_process`), which this object starts at the
 from, restarts after a rollback, and ships each optimizer step's weights to.
 
 It sits in the engine rather than beside the worker in `rollout/` because starting and feeding the worker
-gathers the policy's partitioned parameters (ZeRO-3, `engine.weights`), an engine concern.
+gathers the policy's partitioned parameters (ZeRO-3, `engine.worker_weights`), an engine concern.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchrl.core.types import Trajectory
-from searchrl.engine.weights import gathered, whole_copy
+from searchrl.engine.worker_weights import gathered, whole_copy
 from searchrl.models.weights import trainable_names
 from searchrl.rollout.generator import GENERATORS, generator_options
 

@@ -9,7 +9,7 @@ batch, the step boundaries and step rewards, and each token's segment kind and s
 A step's record is ``samples/step-NNNNNN.json`` in the stage's directory, written again when the step is
 run again (after a rollback or a resume), so the files always describe the run's kept steps.
 
-The rows are found in the micro-batches by an extra per-row tensor, ``batch.extras["sample_row"]`` (the
+The rows are found in the micro-batches by an extra per-row tensor, ``batch.extras.sample_row`` (the
 row's index in the step's batch), which follows the rows through every reordering and selection.
 """
 
@@ -24,7 +24,6 @@ import torch
 
 from searchrl.core.types import RolloutBatch, Trajectory
 
-ROW_KEY = "sample_row"
 KINDS = {"prompt": 0, "action": 1, "observation": 2}  # token kinds as saved (`kinds`)
 # per-token tensors of the micro-batch saved when present: the name in the file <- the batch's field
 TOKEN_EXTRAS = {
@@ -77,7 +76,7 @@ class SampleRecorder:
         chosen = {i: g for g in order[: self.groups] for i in members[g]}
         self.rows = {i: {**self._static(trajs[i], batch, i), "group": g} for i, g in sorted(chosen.items())}
         if self.rows:
-            batch.extras[ROW_KEY] = torch.arange(len(batch), device=batch.input_ids.device)
+            batch.extras.sample_row = torch.arange(len(batch), device=batch.input_ids.device)
 
     def _static(self, traj: Trajectory, batch: RolloutBatch, i: int) -> dict[str, Any]:
         """What the trajectory says of row ``i``: question, reward, segment kinds, versions, steps."""
@@ -116,9 +115,9 @@ class SampleRecorder:
 
     def record(self, mb: RolloutBatch, logp: torch.Tensor) -> None:
         """A micro-batch as the loss saw it, with the trainer's log-probs ``logp`` (B, T) of its forward."""
-        if not self.rows or ROW_KEY not in mb.extras:
+        if not self.rows or mb.extras.sample_row is None:
             return
-        for b, r in enumerate(mb.extras[ROW_KEY].tolist()):
+        for b, r in enumerate(mb.extras.sample_row.tolist()):
             if r not in self.rows or r in self.seen:
                 continue
             self.seen.add(r)
@@ -133,7 +132,7 @@ class SampleRecorder:
                 logp=_floats(logp[b, :n]),
             )
             for name, key in TOKEN_EXTRAS.items():
-                x = mb.extras.get(key)
+                x = getattr(mb.extras, key)
                 if x is not None and x.dim() == 2:
                     rec[name] = _floats(x[b, :n])
             rec["kinds"] = rec["kinds"][:n]

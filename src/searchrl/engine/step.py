@@ -153,13 +153,13 @@ class TrainingStep:
     def _mismatch(self, old_logp: torch.Tensor, batch: RolloutBatch) -> None:
         """The sampler's log-probs against the trainer's π_old over ``batch``'s action tokens: accumulates
         |difference| and the correction's diagnostics, and puts the correction weights (`algorithms.correction`,
-        ``algorithm.rollout_correction``) in ``batch.extras["is_weight"]`` unless its mode is none."""
+        ``algorithm.rollout_correction``) in ``batch.extras.is_weight`` unless its mode is none."""
         diff = (old_logp - batch.sampled_logprobs).abs() * batch.loss_mask
         d = self._sampler_diff
         d[0] += float(diff.sum())
         d[1] += float(batch.loss_mask.sum())
         d[2] = max(d[2], float(diff.max())) if diff.numel() else d[2]
-        versions = batch.extras.get("versions")
+        versions = batch.extras.versions
         if versions is not None:  # asynchronous rollouts: tokens the trainer's own weights sampled, and older
             fresh = batch.loss_mask * (versions == self.algo.step)
             stale = batch.loss_mask * ((versions >= 0) & (versions != self.algo.step))
@@ -174,9 +174,9 @@ class TrainingStep:
             return
         w, stats = correction_weights(old_logp, batch.sampled_logprobs, batch.loss_mask, corr)
         if corr.mode != "none":
-            batch.extras["is_weight"] = w
+            batch.extras.is_weight = w
         if corr.drops:  # verl's: rejected tokens leave the loss normaliser (`algorithms.correction`)
-            batch.extras["norm_mask"] = batch.loss_mask * (w > 0)
+            batch.extras.norm_mask = batch.loss_mask * (w > 0)
         acc = self._corr_sums
         for k in ("tokens", "k3_kl", "cut_tokens", "cut_seq", "w_sum", "w_sq_sum"):
             acc[k] += float(stats[k].sum())
@@ -223,7 +223,7 @@ class TrainingStep:
     def _update(self, batch: RolloutBatch, sums: dict[str, float]) -> None:
         """One optimizer update over ``batch`` (this process's mini-batch), globally normalised."""
         eng, algo = self.engine, self.algo
-        norm = batch.extras.get("norm_mask", batch.loss_mask)  # the loss normaliser's tokens
+        norm = batch.norm_mask  # the loss normaliser's tokens
         g_tokens = eng.sum(norm.sum())
         g_seqs = eng.sum(float((norm.sum(-1) > 0).sum()))
         norm_len = float(self.ctx.max_total_tokens)
@@ -243,13 +243,11 @@ class TrainingStep:
                 if (
                     self.req.old_logprobs and not self.shape.old_pass
                 ):  # one update per batch: π_old is π_θ now
-                    mb.extras["old_logp"] = logp.detach()
-                    self._mismatch(mb.extras["old_logp"], mb)
+                    mb.extras.old_logp = logp.detach()
+                    self._mismatch(mb.extras.old_logp, mb)
                 loss_tok, metrics = algo.loss(logp, ent, mb, values)
                 self.samples.record(mb, logp)
-                w = token_weights(
-                    mb.extras.get("norm_mask", mb.loss_mask), algo.loss_agg, g_tokens, g_seqs, norm_len
-                )
+                w = token_weights(mb.norm_mask, algo.loss_agg, g_tokens, g_seqs, norm_len)
                 loss = (loss_tok * w).sum()
                 if self.model.grads32 is not None:
                     self.model.grads32.before_backward(last=eng.sync_gradients)
@@ -269,11 +267,7 @@ class TrainingStep:
                 self.model.scheduler.step()
                 self.model.optimizer.zero_grad()
             # metrics: global token means; pair metrics (one value per row) are means over the pairs
-            mean_w = (
-                w
-                if self.req.rows == "pairs"
-                else mb.extras.get("norm_mask", mb.loss_mask) / max(g_tokens, 1.0)
-            )
+            mean_w = w if self.req.rows == "pairs" else mb.norm_mask / max(g_tokens, 1.0)
             sums["train/loss"] += float(loss.detach()) / (self.cfg.epochs * self.cfg.mini_batches)
             for k, v in metrics.items():
                 sums[f"train/{k}"] += float((v.detach() * mean_w).sum()) / (
@@ -333,15 +327,15 @@ class TrainingStep:
         eng = self.engine
         if self.shape.old_pass:
             with eng.phase("old log-probs", step):
-                batch.extras["old_logp"], old_values = self._no_grad_pass(
+                batch.extras.old_logp, old_values = self._no_grad_pass(
                     self.model.policy, batch, self.req.value_head
                 )
             if old_values is not None:
-                batch.extras["old_values"] = old_values
-            self._mismatch(batch.extras["old_logp"], batch)
+                batch.extras.old_values = old_values
+            self._mismatch(batch.extras.old_logp, batch)
         if self.model.reference is not None:
             with eng.phase("reference log-probs", step), self.model.reference.model() as ref:
-                batch.extras["ref_logp"] = self._no_grad_pass(ref, batch)[0]
+                batch.extras.ref_logp = self._no_grad_pass(ref, batch)[0]
 
     def _updates(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         """``epochs`` passes over the batch in ``mini_batches`` optimizer updates; the summed loss metrics."""

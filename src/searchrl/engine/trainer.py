@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 
 class Resources(Protocol):
-    """What the trainer reads from the run's resources (`searchrl.app.runtime.Runtime`, a layer above)."""
+    """What the trainer reads from the run's resources (`searchrl.app.resources.Resources`, a layer above)."""
 
     exp: Experiment
 
@@ -70,13 +70,19 @@ class Trainer:
         model_path: str | Path,
         cfg: TrainerConfig,
         out_dir: Path,
-        runtime: Resources,
+        resources: Resources,
         records: list[dict[str, Any]] | None = None,
         resume: bool = False,
         seed: int = 0,
     ) -> None:
-        exp = runtime.exp
-        self.cfg, self.out, self.seed, self.rt, self.algorithm = cfg, out_dir, seed, runtime, algorithm
+        exp = resources.exp
+        self.cfg, self.out, self.seed, self.resources, self.algorithm = (
+            cfg,
+            out_dir,
+            seed,
+            resources,
+            algorithm,
+        )
         self.model_path = model_path  # the rollout worker's copy is loaded from it under DeepSpeed
         algo_cls: Any = ALGORITHMS.get(algorithm)
         if not isinstance(config, algo_cls.Config):
@@ -134,7 +140,7 @@ class Trainer:
     ) -> None:
         """The parts the trainer is made of, each handed what it uses: the sample recorder, the metrics sink,
         where the rows come from (`Rollouts`), the step (`TrainingStep`) and what a trip does (`Rollback`)."""
-        cfg, eng, exp, out_dir = self.cfg, self.engine, self.rt.exp, self.out
+        cfg, eng, exp, out_dir = self.cfg, self.engine, self.resources.exp, self.out
         self.samples = SampleRecorder(
             out_dir, cfg.samples.groups, cfg.samples.every, self.tokenizer, enabled=eng.is_main
         )
@@ -161,7 +167,7 @@ class Trainer:
             seed=self.seed,
             load_whole=self._whole_policy,
             worker_spec=lambda: {
-                "runtime": self.rt.fresh(),  # built again in the worker: nothing of this process's travels
+                "resources": self.resources.fresh(),  # built again in the worker: nothing of this process's travels
                 "exp": exp,
                 "dtype": exp.model.dtype,
                 "lora": exp.model.lora,
@@ -194,7 +200,7 @@ class Trainer:
     def _load_policy(self, training: bool = True) -> tuple[Any, Any]:
         """The policy as configured (LoRA, value head) and its tokenizer; activation checkpointing only for
         training (the rollout worker's copy never runs a backward pass)."""
-        exp, req = self.rt.exp, self.req
+        exp, req = self.resources.exp, self.req
         return load_policy(
             str(self.model_path),
             exp.model.dtype,
@@ -206,8 +212,8 @@ class Trainer:
 
     def _context(self, records: list[dict[str, Any]] | None) -> Context:
         """The environment, and for online algorithms a generator on the policy and the reward pipeline."""
-        exp, rt, eng, online = self.rt.exp, self.rt, self.engine, self.req.online
-        env = rt.env()
+        exp, resources, eng, online = self.resources.exp, self.resources, self.engine, self.req.online
+        env = resources.env()
         generator = None
         rewards = None
         if online:
@@ -226,11 +232,11 @@ class Trainer:
                 generator.start()  # an engine's memory is taken now; a worker process has its own engine
             rewards = RewardPipeline(
                 exp.rewards,
-                {"docs": lambda: {d.id: d for d in rt.corpus}, "retriever": lambda: env.retriever},
+                {"docs": lambda: {d.id: d for d in resources.corpus}, "retriever": lambda: env.retriever},
             )
             from searchrl.rollout.loop import check_prompt_room
 
-            check_prompt_room(env, self.tokenizer, rt.examples("train"), exp.rollout.max_total_tokens)
+            check_prompt_room(env, self.tokenizer, resources.examples("train"), exp.rollout.max_total_tokens)
         return Context(
             env=env,
             generator=generator,
@@ -238,7 +244,7 @@ class Trainer:
             rewards=rewards,
             sampling=SamplingParams(exp.rollout.temperature, exp.rollout.top_p, exp.rollout.max_new_tokens),
             max_total_tokens=exp.rollout.max_total_tokens,
-            train_examples=rt.examples("train") if online else [],
+            train_examples=resources.examples("train") if online else [],
             records=records,
             sum_all=eng.sum,
         )
@@ -254,7 +260,7 @@ class Trainer:
             return
         from searchrl.rollout.async_rollout import refusal
 
-        exp = self.rt.exp
+        exp = self.resources.exp
         resamples = getattr(getattr(algo_cfg, "dynamic_sampling", None), "enabled", False)
         why = refusal(
             self.algorithm,

@@ -17,7 +17,7 @@ before an action, an episode whose context holds ``max_tokens`` or more is *fold
 Every context is append-only in its own ids: its actions' ids and log-probs are the ones sampled from exactly
 the tokens before them (docs/design.md §4.1). `unfold` turns an episode into its rows once the episode is scored:
 each row gets the episode's outcome reward, its group and an episode id, so that group baselines count episodes,
-not rows (`algorithms.estimators.per_episode`). An episode that already made ``max_segments`` rows is not folded
+not rows (`algorithms.advantage_estimators.per_episode`). An episode that already made ``max_segments`` rows is not folded
 again: it runs on to ``rollout.max_total_tokens`` and ends there ("length"), as without folding.
 
 Assumed (neither paper's exact recipe is reproduced): the summary is model-free by default, not written by the

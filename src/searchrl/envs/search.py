@@ -17,7 +17,7 @@ from searchrl.core.errors import DataError
 from searchrl.core.types import EnvState, StepInfo
 from searchrl.data.corpus import DOC_FORMATS, Doc, format_docs
 from searchrl.data.example import Example
-from searchrl.envs.retrievers.base import Retriever
+from searchrl.envs.retrievers.protocol import Retriever
 from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES, ChatTemplate, TagSet
 
 INVALID_FEEDBACK = (

@@ -62,7 +62,7 @@ def check_tool_specs(specs: Sequence[Any], file: str | None = None) -> None:
 
 def build_tools(specs: Sequence[Any], env: Any, connections: dict[str, Any]) -> list[Tool]:
     """``specs``: `ToolSpec`s; ``env``: the `ToolEnv` (its retriever, top-k and document format);
-    ``connections``: MCP connections by server, reused across calls (the runtime keeps them)."""
+    ``connections``: MCP connections by server, reused across calls (the run's resources keep them)."""
     check_tool_specs(specs)
     out: list[Tool] = []
     for i, spec in enumerate(specs):

@@ -1,5 +1,5 @@
 """Weights by parameter name: what an optimizer step can change, and copying named tensors into a module
-(a rollout worker's copy of the policy, `searchrl.engine.weights`)."""
+(a rollout worker's copy of the policy, `searchrl.engine.worker_weights`)."""
 
 from __future__ import annotations
 

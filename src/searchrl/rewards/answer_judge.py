@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from searchrl.core.answers import sub_exact_match
-from searchrl.rewards.registry import RewardOutput
+from searchrl.rewards.contract import RewardOutput
 
 SYSTEM = "You grade answers to questions. You are strict about facts and lenient about wording."
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from searchrl.core.answers import exact_match, f1_score
-from searchrl.rewards.registry import RewardOutput
+from searchrl.rewards.contract import RewardOutput
 
 
 def _final_answer(traj: Any) -> str | None:

@@ -11,7 +11,7 @@ from searchrl.core.aggregate import Mean
 from searchrl.core.config import RewardSpec
 from searchrl.core.errors import DataError
 from searchrl.core.types import Trajectory
-from searchrl.rewards.registry import PROVIDED, REWARDS, RewardOutput, reward_kind
+from searchrl.rewards.contract import PROVIDED, REWARDS, RewardOutput, reward_kind
 
 
 def wanted(fn: Any) -> tuple[str, ...]:

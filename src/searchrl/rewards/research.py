@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from searchrl.core.answers import f1_score
-from searchrl.rewards.registry import RewardOutput
+from searchrl.rewards.contract import RewardOutput
 
 _TAG = re.compile(r"</?(think|search|result|information|answer)>")
 

@@ -43,7 +43,7 @@ from typing import Any
 from searchrl.core.answers import normalize_answer, plain_f1, word_f1
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Hop
-from searchrl.rewards.registry import RewardOutput
+from searchrl.rewards.contract import RewardOutput
 from searchrl.rewards.research import cut_at_stop, research_format_ok, response_text
 
 _WORD = re.compile(r"\w+")

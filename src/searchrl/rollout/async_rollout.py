@@ -24,9 +24,9 @@ and training overlap on separate cores), or runs in a process of its own that dr
 (`searchrl.rollout.worker_process`, ``trainer.async_rollout.worker: process``; with vLLM its engine then
 starts in that process). Under DDP or DeepSpeed (ZeRO-3 included) each process runs its own
 worker on its share of every step's questions, with a whole copy of the policy that the trainer fills after
-each optimizer step (`searchrl.engine.weights`: under ZeRO-3 one gather of the trainable parameters, the
+each optimizer step (`searchrl.engine.worker_weights`: under ZeRO-3 one gather of the trainable parameters, the
 adapter only with LoRA), or with its vLLM engine. A run is not bit-reproducible (which version samples a
-token depends on timing); a resumed run restarts the pipeline at its checkpoint's step.
+token depends on timing); a resumed run restarts the worker at its checkpoint's step.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class AsyncRollout:
             raise ValueError(
                 f"max_staleness must be at least 1 for asynchronous rollouts, got {max_staleness}"
             )
-        # the sampler's own whole copy of the policy (`engine.weights.whole_copy`; the trainer's weights move
+        # the sampler's own whole copy of the policy (`engine.worker_weights.whole_copy`; the trainer's weights move
         # under it), or None where the generator is an engine with its own weights (vLLM: `sync_with`)
         self.model = model.eval() if model is not None else None
         # the parameters `sync` receives after each optimizer step (the trainable ones; None: all)
@@ -225,7 +225,7 @@ class AsyncRollout:
 
     def sync(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Ship the trainer's weights after its optimizer step ``version`` (parameters by name: the trainable
-        ones, `engine.weights.gathered`) into the worker's copy: loaded between two decode steps; tokens
+        ones, `engine.worker_weights.gathered`) into the worker's copy: loaded between two decode steps; tokens
         sampled from then on carry ``version``."""
         assert self.model is not None, "this worker samples with an engine: sync_with its loader"
         model = self.model

@@ -1,6 +1,6 @@
 """A rollout worker in a process of its own (``trainer.async_rollout.worker: process``).
 
-The asynchronous pipeline of `searchrl.rollout.async_rollout` (the staleness cap, partial rollouts, each
+The asynchronous rollout worker of `searchrl.rollout.async_rollout` (the staleness cap, partial rollouts, each
 token's version, the continuous batch) runs in a child process that builds its own environment (the
 experiment's), its own copy of the policy (loaded as the trainer loads it, then filled with the trainer's
 weights) and the experiment's generator: HF on that copy, or a vLLM engine that the worker starts (the
@@ -51,9 +51,7 @@ from searchrl.rollout.generator import SamplingParams, generator_options
 class WorkerSpec:
     """Everything the worker process builds its side from (pickled once, at its start)."""
 
-    runtime: (
-        Any  # the experiment's fresh `Runtime` (nothing built yet): its ``env()`` is the worker's environment
-    )
+    resources: Any  # the experiment's fresh `Resources` (nothing built yet): its ``env()`` is the worker's environment
     exp: Experiment  # the generator's settings (rollout.batch_size, backend_args)
     model_path: str  # the policy's architecture and tokenizer, loaded as the trainer's (`load_policy`)
     dtype: str
@@ -355,12 +353,12 @@ def serve(
 
 @dataclass
 class _Side:
-    """The worker's side: the pipeline, the policy's copy the trainer's weights load into, and the sampler."""
+    """The worker's side: its rollout loop, the policy's copy the trainer's weights load into, and the sampler."""
 
     rollout: AsyncRollout
     model: torch.nn.Module
     gen: Any
-    engine: bool  # the sampler holds weights of its own (vLLM), loaded from ``model``
+    own_weights: bool  # the sampler holds weights of its own (vLLM), loaded from ``model``
 
     def load(self, buffers: Mapping[str, torch.Tensor], version: int) -> None:
         """The trainer's weights of optimizer step ``version`` into the copy, and from it into an engine that
@@ -369,7 +367,7 @@ class _Side:
 
         def load() -> None:
             load_into(self.model, buffers)
-            if self.engine:
+            if self.own_weights:
                 self.gen.sync(reset_prefix_cache=False)
 
         self.rollout.sync_with(load, version)
@@ -380,7 +378,7 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> _Side:
     from searchrl.rollout.generator import GENERATORS
 
     exp = spec.exp
-    env = spec.runtime.env()
+    env = spec.resources.env()
     model, tokenizer = load_policy(spec.model_path, spec.dtype, spec.lora, spec.value_head, spec.detach_trunk)
     model = model.to(spec.device).requires_grad_(False)
     load_into(model, initial)
@@ -394,9 +392,9 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> _Side:
         continuous=True,
         **generator_options(exp.rollout),
     )
-    engine = hasattr(gen, "start")
+    own_weights = hasattr(gen, "start")  # an engine (vLLM) that holds a copy of the weights of its own
     rollout = AsyncRollout(
-        None if engine else model,
+        None if own_weights else model,
         gen,
         env,
         tokenizer,
@@ -412,9 +410,9 @@ def _build(spec: WorkerSpec, initial: Mapping[str, torch.Tensor]) -> _Side:
     )
     if spec.version is not None:  # a restarted worker: its weights are a later step's than its first step
         rollout.version = spec.version
-    if engine:
+    if own_weights:
         gen.start()
-    return _Side(rollout, model.eval(), gen, engine)
+    return _Side(rollout, model.eval(), gen, own_weights)
 
 
 def _own_world(device: str) -> None:
@@ -439,7 +437,7 @@ def _own_world(device: str) -> None:
 
 
 def _sample(side: _Side, prompt: list[int], params: SamplingParams) -> Any:
-    """A generation by the worker's sampler once its pipeline has produced every step (nothing else in
+    """A generation by the worker's sampler once its rollout loop has produced every step (nothing else in
     flight on it): the check that the sampler, the engine included, holds the trainer's last weights."""
     side.rollout.join()
     [g] = side.gen.generate([prompt], params)

@@ -2,7 +2,7 @@
 evaluated and trained on, one folder that opens from disk.
 
 What it reads:
-- evaluations: ``*.predictions.jsonl`` (`searchrl.app.eval.write_results`), given as a file or found in a run
+- evaluations: ``*.predictions.jsonl`` (`searchrl.app.eval_episodes.write_results`), given as a file or found in a run
   directory (``eval/`` of `searchrl train`, the run directory itself for `searchrl eval`);
 - training samples: ``samples/step-*.json`` of the run and of its warm start (``sft/samples``), written by
   the trainer (``trainer.samples``, `searchrl.engine.samples`);

@@ -8,8 +8,8 @@ from typing import Any
 
 from searchrl.core.errors import DataError
 from searchrl.data.corpus import Doc, load_corpus
-from searchrl.envs.retrievers.base import RETRIEVERS, IndexedRetriever, Retriever
 from searchrl.envs.retrievers.cache import CachedRetriever
+from searchrl.envs.retrievers.protocol import RETRIEVERS, IndexedRetriever, Retriever
 
 
 def build_retriever(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from searchrl.data.corpus import Doc
-from searchrl.envs.retrievers.base import Retriever
+from searchrl.envs.retrievers.protocol import Retriever
 
 
 class CachedRetriever:

@@ -13,7 +13,7 @@ from typing import Any
 from searchrl.core.errors import SearchRLError
 from searchrl.core.serving import ServiceError, post_json
 from searchrl.data.corpus import Doc
-from searchrl.envs.retrievers.base import Retriever
+from searchrl.envs.retrievers.protocol import Retriever
 
 
 class RetrieverUnavailable(SearchRLError, ConnectionError):

@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from searchrl.data.corpus import Doc
-from searchrl.envs.retrievers.base import Retriever
+from searchrl.envs.retrievers.protocol import Retriever
 
 
 class HybridRetriever:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from searchrl.algorithms.advantages import broadcast_to_tokens, gae, grpo_outcome, token_rewards
+from searchrl.algorithms.advantage_math import broadcast_to_tokens, gae, grpo_outcome, token_rewards
 
 
 @dataclass

@@ -264,7 +264,7 @@ def run_best_of_n(
     from searchrl.rollout.generator import SamplingParams
     from searchrl.rollout.hf import HFGenerator
     from searchrl.rollout.loop import start_trajectories
-    from searchrl.rollout.search import best, step_search
+    from searchrl.rollout.step_search import best, step_search
 
     gen = HFGenerator(
         None,
@@ -293,18 +293,18 @@ def run_best_of_n(
     return [t.episode for t in trajs]
 
 
-def policy_agent(rt: Any, examples: Sequence[Any], model: str | None, label: str) -> list[EnvState]:
+def policy_agent(resources: Any, examples: Sequence[Any], model: str | None, label: str) -> list[EnvState]:
     """Greedy (``eval.temperature``) episodes of a policy: ``model``, else the run's trained model, else
     the experiment's model."""
     from contextlib import nullcontext
 
-    from searchrl.app.runtime import local_model_dir
+    from searchrl.app.resources import local_model_dir
     from searchrl.engine.checkpoint import has_weights
     from searchrl.models.load import load_model_and_tokenizer
 
-    exp = rt.exp
+    exp = resources.exp
     trained = exp.out / "final"
-    path = model or (trained if has_weights(trained) else local_model_dir(rt))
+    path = model or (trained if has_weights(trained) else local_model_dir(resources))
     if model is None and not has_weights(trained):
         print(
             f"note: {trained} holds no trained model (train first, or pass --model DIR): evaluating the "
@@ -316,7 +316,7 @@ def policy_agent(rt: Any, examples: Sequence[Any], model: str | None, label: str
     return run_policy(
         lambda: nullcontext(policy),
         tokenizer,
-        rt.env(),
+        resources.env(),
         examples,
         exp.eval.temperature,
         r.max_new_tokens,
@@ -325,15 +325,15 @@ def policy_agent(rt: Any, examples: Sequence[Any], model: str | None, label: str
     )
 
 
-def teacher_agent(rt: Any, examples: Sequence[Any], model: str | None, label: str) -> list[EnvState]:
+def teacher_agent(resources: Any, examples: Sequence[Any], model: str | None, label: str) -> list[EnvState]:
     """The scripted oracle of the synthetic world (an upper bound for the environment and retriever)."""
     from searchrl.envs.synthetic.teacher import run_teacher
 
-    if rt.world is None:
+    if resources.world is None:
         raise DataError("the teacher agent needs the synthetic world (data.source: synthetic)")
-    return run_teacher(rt.env(), list(examples), rt.exp.teacher)
+    return run_teacher(resources.env(), list(examples), resources.exp.teacher)
 
 
-# `searchrl eval --agent NAME` (``eval.agent``): NAME -> fn(runtime, examples, --model, label) -> episodes.
+# `searchrl eval --agent NAME` (``eval.agent``): NAME -> fn(resources, examples, --model, label) -> episodes.
 # PRM best-of-N (``prm``) returns one row per N and is run by the CLI itself.
 EVAL_AGENTS = {"policy": policy_agent, "teacher": teacher_agent}

@@ -15,18 +15,18 @@ from searchrl.data.corpus import Doc, load_corpus
 from searchrl.data.example import Example
 from searchrl.data.loaders import load_examples
 from searchrl.envs.retrievers import build_retriever
-from searchrl.envs.retrievers.base import Retriever
+from searchrl.envs.retrievers.protocol import Retriever
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.world import World
 from searchrl.envs.tags import ALL_TAG_STRINGS, CHAT_TEMPLATES, TEMPLATES, TOOL_TAG_STRINGS
 from searchrl.envs.tool_env import ToolEnv
 
 
-class Runtime:
+class Resources:
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
 
-    def fresh(self) -> Runtime:
+    def fresh(self) -> Resources:
         """The same experiment's resources with nothing built yet: small to pickle, for a rollout worker
         process that builds its own (`searchrl.rollout.worker_process`)."""
         return type(self)(self.exp)
@@ -265,27 +265,27 @@ def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -
 TOOLS_EXTRA_VOCAB = 1024
 
 
-def local_model_path(rt: Runtime) -> Path:
+def local_model_path(resources: Resources) -> Path:
     """Where the local model of `model.size` for this experiment's world is built (`local_model_dir`)."""
-    m = rt.exp.model
-    tools = rt.exp.env.protocol == "tools" and m.tokenizer == "local"
+    m = resources.exp.model
+    tools = resources.exp.env.protocol == "tools" and m.tokenizer == "local"
     name = f"model-{m.size}" + (f"-{m.layers}layers" if m.layers is not None else "")
     name = name if m.tokenizer == "local" else f"{name}-{m.tokenizer}"
-    return rt.world_dir / (f"{name}-tools" if tools else name)
+    return resources.world_dir / (f"{name}-tools" if tools else name)
 
 
-def local_model_dir(rt: Runtime) -> Path:
+def local_model_dir(resources: Resources) -> Path:
     """Build (once) the local model of `model.size` for this experiment's world, and return its path."""
     from searchrl.engine.checkpoint import has_weights
     from searchrl.models.tiny import build_local_model
 
-    m = rt.exp.model
+    m = resources.exp.model
     if m.path is not None:
         return Path(m.path)
-    if rt.world is None:
+    if resources.world is None:
         raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
-    tools = rt.exp.env.protocol == "tools" and m.tokenizer == "local"
-    out = local_model_path(rt)
+    tools = resources.exp.env.protocol == "tools" and m.tokenizer == "local"
+    out = local_model_path(resources)
     if not has_weights(out):
         texts: list[str] = []
         template = None
@@ -295,16 +295,17 @@ def local_model_dir(rt: Runtime) -> Path:
 
             template = CHAT_TEMPLATE
             texts = tokenizer_texts(
-                rt.world, rt.env(ChatFormat.from_template(template, rt.exp.env.chat_kwargs))
+                resources.world,
+                resources.env(ChatFormat.from_template(template, resources.exp.env.chat_kwargs)),
             )
         elif m.tokenizer == "local":
-            texts = tokenizer_texts(rt.world, rt.env())
+            texts = tokenizer_texts(resources.world, resources.env())
         tags = (*ALL_TAG_STRINGS, *TOOL_TAG_STRINGS) if tools else ALL_TAG_STRINGS
         build_local_model(
             m.size,
             texts,
             out,
-            seed=rt.exp.seed,
+            seed=resources.exp.seed,
             tokenizer=m.tokenizer,
             tags=tags,
             layers=m.layers,

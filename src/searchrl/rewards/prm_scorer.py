@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from searchrl.rewards.registry import RewardOutput
+from searchrl.rewards.contract import RewardOutput
 
 
 class PRMScorer:

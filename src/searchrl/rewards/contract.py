@@ -68,7 +68,7 @@ REWARDS.add_lazy("overlong", "searchrl.rewards.outcome:overlong_reward", kind="o
 REWARDS.add_lazy("tool_env", "searchrl.rewards.outcome:tool_env_reward", kind="outcome")
 REWARDS.add_lazy("search_r1_format", "searchrl.rewards.outcome:search_r1_format_reward", kind="outcome")
 REWARDS.add_lazy("stepsearch", "searchrl.rewards.stepsearch:stepsearch_reward", kind="process")
-REWARDS.add_lazy("prm", "searchrl.rewards.prm:prm_reward", kind="process")
+REWARDS.add_lazy("prm", "searchrl.rewards.prm_scorer:prm_reward", kind="process")
 
 # What a reward may ask for by name besides its args: the example's fields, and shared resources.
 PROVIDED = ("answers", "hops", "metadata", "example", "docs")
