@@ -222,3 +222,12 @@ def test_no_class_declares_attributes_set_elsewhere():
             if declared - assigned:
                 bad.append(f"{f.relative_to(PKG)}: {cls.name} declares {sorted(declared - assigned)}")
     assert not bad, "attributes declared but set elsewhere:\n" + "\n".join(bad)
+
+
+def test_module_names_are_unique():
+    """A module's file name says what it holds, once: no two modules of the package share one."""
+    seen: dict[str, list[str]] = {}
+    for f in PKG.rglob("*.py"):
+        if f.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(f.name, []).append(str(f.relative_to(PKG)))
+    assert not {k: v for k, v in seen.items() if len(v) > 1}
