@@ -6,9 +6,11 @@
 #   bash benchmarks/gpu_tools_seeds.sh BUDGET_S NAME:SEED[:OVERRIDE,...] ...
 #
 # e.g. bash benchmarks/gpu_tools_seeds.sh 520 base:1 base:2 b32:0:trainer.batch_size=32
-# Each run's directory (results, evaluations, metrics, config, the SFT and final models; no checkpoints) comes back
+# Each run's directory (results, evaluations, metrics, config; no checkpoints, no weights) comes back
 # in $OUT/runs.tgz, packed every 20 s, so a command cut off at its limit still returns what finished. Six runs at
-# once on an H100 (16 cores) did not finish in 530 s: SFT about 2.5 minutes, GRPO 7-16 s per step.
+# once on an H100 (16 cores) did not finish in 530 s (SFT about 2.5 minutes, GRPO 7-16 s per step); three at once
+# took 360-407 s each (OMP_NUM_THREADS=4), one alone 230 s (OMP_NUM_THREADS=8). Model weights stay behind (the
+# archive must stay under the device tool's 16 MiB a file).
 set -u
 BUDGET=$1; shift
 START=$(date +%s)
@@ -39,7 +41,7 @@ for spec in "$@"; do
 done
 pack() {  # one archive: the device tool brings back only a few files per command
   for d in /tmp/runs/*; do tail -c 20000 "$d/log.txt" > "$d/log_tail.txt" 2>/dev/null; done
-  tar -czf "$OUT/runs.tgz" -C /tmp/runs --exclude='checkpoints' --exclude='world' --exclude='*.predictions.jsonl' \
+  tar -czf "$OUT/runs.tgz" -C /tmp/runs --exclude='checkpoints' --exclude='world' --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='*.predictions.jsonl' \
     --exclude='log.txt' --exclude='samples' . 2>/dev/null
 }
 while [ $(( $(date +%s) - START )) -lt $((BUDGET - 10)) ]; do
