@@ -41,8 +41,8 @@ for spec in "$@"; do
 done
 pack() {  # one archive: the device tool brings back only a few files per command
   for d in /tmp/runs/*; do tail -c 20000 "$d/log.txt" > "$d/log_tail.txt" 2>/dev/null; done
-  tar -czf "$OUT/runs.tgz" -C /tmp/runs --exclude='checkpoints' --exclude='world' --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='*.predictions.jsonl' \
-    --exclude='log.txt' --exclude='samples' . 2>/dev/null
+  tar -czf "$OUT/runs.tgz" -C /tmp/runs --exclude='checkpoints' --exclude='world' --exclude='*.predictions.jsonl' \
+    --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='log.txt' --exclude='samples' . 2>/dev/null
 }
 while [ $(( $(date +%s) - START )) -lt $((BUDGET - 10)) ]; do
   alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
