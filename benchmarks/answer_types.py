@@ -1,6 +1,6 @@
 """Does a policy answer with the kind of entity the question asks for? By hops and asked kind, from the
 predictions files of `searchrl train` / `searchrl eval` (``eval/*.predictions.jsonl``) and the synthetic world
-they were evaluated on (``world/world.json`` of the run directory).
+they were evaluated on (``world/`` of the run directory).
 
     python benchmarks/answer_types.py runs/quickstart/eval/grpo-test.predictions.jsonl \
         runs/synthetic-grpo-tools/eval/grpo-test.predictions.jsonl --out benchmarks/results/answer_types.json
@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 
-def world_kinds(world: Path) -> dict[str, str]:
-    """Entity name -> kind (person, city, country, film, …) of a synthetic world file."""
-    return {e["name"]: e["kind"] for e in json.loads(world.read_text())["entities"]}
+def world_kinds(world_dir: Path) -> dict[str, str]:
+    """Name -> kind (person, city, country, film, …) of a saved synthetic world, renamed names included."""
+    from searchrl.envs.synthetic.world import World
+
+    return World.load(world_dir).kind_of_name
 
 
 def kind_of(text: str, kinds: dict[str, str]) -> str | None:
@@ -37,7 +39,7 @@ def answer_types(predictions: Path, kinds: dict[str, str]) -> dict[str, Any]:
     n: Counter[tuple[int, str]] = Counter()
     right: Counter[tuple[int, str]] = Counter()
     country: Counter[tuple[int, str]] = Counter()
-    em: Counter[tuple[int, str]] = Counter()
+    em: defaultdict[tuple[int, str], float] = defaultdict(float)
     for line in predictions.read_text().splitlines():
         d = json.loads(line)
         asked = next((k for a in d["answers"] if (k := kind_of(a, kinds))), "other")
@@ -48,26 +50,27 @@ def answer_types(predictions: Path, kinds: dict[str, str]) -> dict[str, Any]:
         country[key] += got == "country"
         em[key] += float(d["em"])
     return {
-        f"{hops}-hop {asked}": {
+        f"{k[0]}-hop {k[1]}": {
             "n": n[k],
             "right_kind": right[k] / n[k],
             "answered_country": country[k] / n[k],
             "em": em[k] / n[k],
         }
         for k in sorted(n)
-        for hops, asked in [k]
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("predictions", nargs="+", type=Path, help="eval/*.predictions.jsonl files")
-    ap.add_argument("--world", type=Path, help="world.json (default: the run directory's world/world.json)")
+    ap.add_argument(
+        "--world", type=Path, help="a saved world's directory (default: the run directory's world/)"
+    )
     ap.add_argument("--out", type=Path, help="write the tables here as JSON")
     args = ap.parse_args()
     out = {}
     for p in args.predictions:
-        world = args.world or p.parent.parent / "world" / "world.json"
+        world = args.world or p.parent.parent / "world"
         table = answer_types(p, world_kinds(world))
         out[str(p)] = table
         print(p)
