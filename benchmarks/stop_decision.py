@@ -29,7 +29,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-FOUND = re.compile(r"(<think> Found: .*?\.)( So| Next| Let)")
+# with teacher.plan the thought also states the searches left ("Found: ... Steps left: 1. Next: ...")
+FOUND = re.compile(r"(<think> Found: .*?\.(?: Steps left: \d+\.)?)( So| Next| Let)")
 
 
 def decision_points(teacher: Path, hops: dict[str, int], limit: int) -> list[tuple[str, int, str]]:

@@ -104,6 +104,27 @@ def test_a_drop_guard_trips_when_the_reward_falls_from_its_best():
     GuardConfig(metric="reward", max_drop=0.2)  # a drop alone is a bound
 
 
+def test_an_entropy_guard_rests_while_the_reward_is_high():
+    """``unless_reward_above``: a policy sure of itself because it succeeds has converged, not collapsed (the
+    tool quickstart's GRPO: entropy 0.004 at reward 0.95); the same entropy at a low reward trips, and a
+    window with too few rewards (a run without them) checks as usual."""
+    g = Guards([GuardConfig(metric="entropy", min=0.005, window=3, unless_reward_above=0.9)])
+    steps = [(0.012, 0.8), (0.004, 0.95), (0.004, 0.97), (0.003, 0.96), (0.004, 0.98)]  # converging
+    assert all(
+        g.check(s, {"train/entropy": e, "reward/mean": r}) is None for s, (e, r) in enumerate(steps, 1)
+    )
+    trip = g.check(6, {"train/entropy": 0.004, "reward/mean": 0.5})  # rewards (0.96, 0.98, 0.5): mean 0.81
+    assert trip is not None and trip.bound == "below min 0.005" and trip.value == pytest.approx(0.011 / 3)
+    g.reset()
+    assert [g.check(s, {"train/entropy": 0.001}) for s in (7, 8)] == [None, None]  # refilling, no rewards
+    assert g.check(9, {"train/entropy": 0.001}).monitor == "entropy"
+    plain = Guards([GuardConfig(metric="entropy", min=0.005, window=3)])
+    trips = [plain.check(s, {"train/entropy": e, "reward/mean": r}) for s, (e, r) in enumerate(steps, 1)]
+    assert trips[3].step == 4 and trips[3].value == pytest.approx(
+        0.011 / 3
+    )  # without it, the converging run trips
+
+
 def first_trip(monitors, values):
     g = Guards(list(monitors))
     return next((t for step, v in enumerate(values, 1) if (t := g.check(step, {"train/entropy": v}))), None)

@@ -92,6 +92,10 @@ class TeacherConfig:
     # quote the sentence a sub-answer was read from ("Found: Tubrous was formed in Staloton."), before the
     # next step or the answer: the answer is then copied from a quoted sentence, not looked up by relation
     quote: bool = False
+    # state the searches still needed in every thought ("Found: ... Steps left: 1. Next: ..."), counted from
+    # the question's decomposition: the decision to search on or answer then follows the agent's own last
+    # thought instead of the question a whole tool turn back (the tool quickstart; docs/tools.md)
+    plan: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -292,6 +296,9 @@ class GuardConfig:
     max_drop: float | None = ranged(None, POSITIVE)
     window: int = ranged(3, AT_LEAST_1)
     after: int = ranged(0, AT_LEAST_0)  # steps before the monitor is armed (a warm-up)
+    # not checked while the training reward's mean over the same window is at least this: a policy that is
+    # sure of itself because it succeeds (entropy near 0 at reward 0.95) has converged, not collapsed
+    unless_reward_above: float | None = None
 
     def __post_init__(self) -> None:
         if self.min is None and self.max is None and self.max_drop is None:

@@ -5,7 +5,9 @@ The failure peer search-agent projects report most is GRPO collapse: the policy'
 length falls to nothing, the KL to the reference explodes, the reward crashes. A guard watches one metric's
 mean over a window of steps (``trainer.guards.monitors``), against fixed bounds (``min``, ``max``) or against
 its own best (``max_drop``: how far the windowed mean may fall below the highest it reached since the run,
-or its last rollback, started; a reward that climbs and then crashes); the metrics are reduced over
+or its last rollback, started; a reward that climbs and then crashes). A monitor with ``unless_reward_above``
+is not checked while the training reward's mean over its window is at least that: a policy whose entropy
+falls because it succeeds has converged, not collapsed. The metrics are reduced over
 processes before the check, so every process trips at the same step. Non-finite losses and gradient norms always trip.
 """
 
@@ -68,18 +70,21 @@ class Guards:
     def __init__(self, monitors: tuple[GuardConfig, ...] | list[GuardConfig]) -> None:
         self.monitors = list(monitors)
         self.windows: list[deque[float]] = [deque(maxlen=g.window) for g in self.monitors]
+        self.rewards: list[deque[float]] = [
+            deque(maxlen=g.window) for g in self.monitors
+        ]  # unless_reward_above
         self.best: list[float] = [-math.inf for _ in self.monitors]  # the highest windowed mean (max_drop)
 
     def reset(self) -> None:
         """Forget the recent values (after a rollback, the windows refill from the restored step on, and a
         ``max_drop`` monitor's best is measured again from there)."""
-        for w in self.windows:
+        for w in (*self.windows, *self.rewards):
             w.clear()
         self.best = [-math.inf for _ in self.monitors]
 
     def check(self, step: int, metrics: dict[str, float]) -> Trip | None:
         """The first guard ``metrics`` (of step ``step``, counted from 1) trip, or None."""
-        for i, (g, window) in enumerate(zip(self.monitors, self.windows)):
+        for i, (g, window, rewards) in enumerate(zip(self.monitors, self.windows, self.rewards)):
             key = MONITORS.get(g.metric, g.metric)
             if key not in metrics:  # e.g. the KL of a run without a reference model
                 continue
@@ -87,8 +92,16 @@ class Guards:
             if not math.isfinite(value):
                 return Trip(step, g.metric, key, value, "finite", 1)
             window.append(value)
+            if MONITORS["reward"] in metrics:
+                rewards.append(float(metrics[MONITORS["reward"]]))
             if step <= g.after or len(window) < g.window:
                 continue
+            if (
+                g.unless_reward_above is not None
+                and len(rewards) == g.window
+                and sum(rewards) / g.window >= g.unless_reward_above
+            ):
+                continue  # converged, not collapsed
             mean = sum(window) / len(window)
             if g.min is not None and mean < g.min:
                 return Trip(step, g.metric, key, mean, f"below min {g.min:g}", g.window)

@@ -4,6 +4,8 @@ It writes think / search / answer actions in either tag style; the environment s
 documents. In clean mode it searches each hop's gold keys until the gold document comes back, and only
 then states the sub-answer it read. In noisy mode it also makes the mistakes RL should remove, at
 configurable rates: repeating an earlier search, answering after too few hops, and issuing a vague query.
+With ``plan`` every thought also states how many searches are still needed ("Steps left: 1."), so an
+answer given too early says so itself.
 Trajectories feed the SFT warm start; with ``rename_prob`` > 0 every entity name in a trajectory is
 consistently replaced by a fresh name from the world's pool, so a model must learn to copy names from what
 it retrieved rather than memorise the training facts.
@@ -51,7 +53,7 @@ class TeacherEpisode:
         return self.found[-1] if self.found else "unknown"
 
     def _answer(self, ans: str, note: str = "") -> str:
-        return self.env.write_answer(ans, f"{note} " if self.cfg.quote and note else "")
+        return self.env.write_answer(ans, f"{note} " if (self.cfg.quote or self.cfg.plan) and note else "")
 
     def _search(self, think: str, query: str) -> str:
         self.pending = query
@@ -83,6 +85,8 @@ class TeacherEpisode:
         note = self._read_result(state)
         if state.force_answer:  # the turn budget ran out: the environment already wrote <answer>
             return self.env.write_forced_answer(self.best_answer)
+        if cfg.plan:  # what is left to find, so that searching on or answering reads from this thought
+            note = f"{note} Steps left: {len(hops) - self.hop}.".strip()
         if self.just_found and query is not None and cfg.noisy and self.rng.random() < cfg.p_repeat:
             self.repeat_query = query
             return self._search(f"{note} Let me check again.", query)
