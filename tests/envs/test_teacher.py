@@ -92,3 +92,33 @@ def test_quoting_teacher_cites_the_sentence_it_read(world_bm25, small_world):
         if q.answer and q.finish_reason == "answer" and "Found:" in q.actions[-1]:
             assert q.actions[-1].index("Found:") < q.actions[-1].index("So the answer is")
     assert searches >= 40
+
+
+def test_planning_teacher_states_the_searches_left_in_every_thought(world_bm25, small_world):
+    """teacher.plan: every thought says how many hops are still unsolved ("Steps left: N."), counted from the
+    decomposition: N hops before the first search, one fewer after each sub-answer found, 0 when the answer
+    is right; an early answer (the noisy teacher's mistake) says a step is left. Same episodes as without."""
+    import re
+
+    env = SearchEnv(world_bm25, template="short", topk=3, max_turns=6)
+    examples = [e for e in small_world.examples("train") if e.n_hops >= 2][:60] + small_world.examples(
+        "test"
+    )[:20]
+    noisy = dict(noisy=True, p_repeat=0.15, p_early=0.6, p_vague=0.15, quote=True)
+    plain = run_teacher(env, examples, TeacherConfig(**noisy))
+    planned = run_teacher(env, examples, TeacherConfig(**noisy, plan=True))
+    early = 0
+    for ex, p, q in zip(examples, plain, planned):
+        assert [i.query for i in p.infos] == [i.query for i in q.infos] and p.answer == q.answer
+        lefts = [int(m.group(1)) for a in q.actions if (m := re.search(r"Steps left: (\d+)\.", a))]
+        # every thought but a forced answer's (and a give-up's: every gold key failed, none here)
+        assert len(lefts) == len(q.actions) - q.infos[-1].forced
+        assert lefts[0] == len(ex.hops) and lefts == sorted(lefts, reverse=True)
+        found = sum("Found:" in a for a in q.actions)
+        assert lefts[-1] == len(ex.hops) - found
+        if q.finish_reason == "answer" and not q.infos[-1].forced:
+            assert "So the answer is" in q.actions[-1]
+            early += lefts[-1] > 0
+            if lefts[-1] == 0:
+                assert exact_match(q.answer, ex.answers) == 1.0  # every hop found: the answer is right
+    assert early >= 10  # answering too early, and saying so
