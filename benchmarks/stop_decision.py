@@ -2,9 +2,11 @@
 sub-answer, by the question's hop count, read off the warm start's own teacher trajectories.
 
 The synthetic teacher writes ``<think> Found: <the sentence it read>.`` and then either `` Next: <the next
-sub-question>`` (it searches on) or `` So the answer is …`` (it answers). On a one-hop question it always
-answers there; on a longer one it answers too early ``p_early`` of the time (the mistake RL should remove). For
-each trajectory this scores the model's next token at that point, teacher-forced on the teacher's context:
+sub-question>`` (it searches on) or `` So the answer is …`` (it answers); with ``teacher.plan`` its thought
+states the searches left in between (``Found: <sentence>. Steps left: 1.``), and the decision is scored after
+that. On a one-hop question it always answers there; on a longer one it answers too early ``p_early`` of the
+time (the mistake RL should remove). For each trajectory this scores the model's next token at that point,
+teacher-forced on the teacher's context:
 
     P(continue) = P(" Next") / (P(" Next") + P(" So"))
 
