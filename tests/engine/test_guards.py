@@ -120,9 +120,8 @@ def test_an_entropy_guard_rests_while_the_reward_is_high():
     assert g.check(9, {"train/entropy": 0.001}).monitor == "entropy"
     plain = Guards([GuardConfig(metric="entropy", min=0.005, window=3)])
     trips = [plain.check(s, {"train/entropy": e, "reward/mean": r}) for s, (e, r) in enumerate(steps, 1)]
-    assert trips[3].step == 4 and trips[3].value == pytest.approx(
-        0.011 / 3
-    )  # without it, the converging run trips
+    # without it, the converging run trips
+    assert trips[3].step == 4 and trips[3].value == pytest.approx(0.011 / 3)
 
 
 def first_trip(monitors, values):

@@ -70,9 +70,8 @@ class Guards:
     def __init__(self, monitors: tuple[GuardConfig, ...] | list[GuardConfig]) -> None:
         self.monitors = list(monitors)
         self.windows: list[deque[float]] = [deque(maxlen=g.window) for g in self.monitors]
-        self.rewards: list[deque[float]] = [
-            deque(maxlen=g.window) for g in self.monitors
-        ]  # unless_reward_above
+        # the training reward over each monitor's window (unless_reward_above)
+        self.rewards: list[deque[float]] = [deque(maxlen=g.window) for g in self.monitors]
         self.best: list[float] = [-math.inf for _ in self.monitors]  # the highest windowed mean (max_drop)
 
     def reset(self) -> None:
