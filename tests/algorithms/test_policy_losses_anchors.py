@@ -23,6 +23,10 @@ from searchrl.core.types import BatchExtras
 
 from .test_objectives import rand_inputs, verl_geo_mean
 
+# compares two computation paths of the same numbers: .ci/run runs these again under a second floating-point
+# path (other kernels, one thread), so a tolerance that holds on one CPU's kernels only fails in CI
+pytestmark = pytest.mark.numerics
+
 
 def cfg(**kw):
     base = dict(clip_low=0.2, clip_high=0.28, dual_clip=None, sapo_tau_pos=1.0, sapo_tau_neg=1.05)

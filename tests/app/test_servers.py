@@ -282,3 +282,43 @@ def test_a_run_outlives_a_retrieval_server_restarted_on_the_same_port(fixtures, 
         RetrieverUnavailable, match=f"127.0.0.1:{port}/retrieve did not answer after 2 attempts"
     ):
         gone.search(["Paris"], 1)
+
+
+def test_clients_that_disconnect_mid_body_leave_one_line_each(bm25):
+    """A client that announces a body and hangs up halfway: the server logs one line per such request (no
+    traceback), and answers the next client."""
+    import logging
+    import socket
+
+    from searchrl.core.asgi import Served
+    from searchrl.envs.retrievers.http import make_app
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(self.format(record))
+
+    server = Served(make_app(bm25), "127.0.0.1", 0).start()
+    handler = Keep()  # after the start: uvicorn's logging set-up replaces its loggers' handlers
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"queries": ["Par'
+            )
+            time.sleep(0.1)
+            s.close()
+        assert call(f"{server.url}/retrieve", {"queries": ["Paris"], "topk": 1})[0] == 200
+        deadline = time.monotonic() + 10
+        while len(lines) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.stop()
+        logger.removeHandler(handler)
+    assert len(lines) == 5, lines
+    assert all("disconnected after 17 bytes" in x and "POST /retrieve" in x for x in lines), lines
+    assert not any("Traceback" in x or "\n" in x for x in lines), lines

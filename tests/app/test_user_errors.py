@@ -440,3 +440,20 @@ def test_validate_counts_the_longest_prompt_against_the_budget(make_exp, capsys)
     assert "no training stage" in check_prompt_budget(make_exp(), "exp.yaml")
     hub = make_exp(grpo, "model.path=Qwen/Qwen2.5-3B")
     assert "no local model directory" in check_prompt_budget(hub, "exp.yaml")
+
+
+def test_a_rollout_worker_that_died_past_its_restarts_is_one_line(tmp_path, capsys, monkeypatch):
+    """A rollout worker killed more often than max_restarts allows stops `train` with one `error:` line naming
+    its exit codes and how to continue (exit 2), as every user error."""
+    from searchrl.app import commands
+    from searchrl.rollout.worker_process import RolloutWorkerDied
+
+    def died(args):
+        raise RolloutWorkerDied(
+            "the rollout worker process exited with code -9, -9 (killed, out of memory, or a crash in a native "
+            "library) after 1 restarts (trainer.async_rollout.max_restarts: 1) before step 3's episodes"
+        )
+
+    monkeypatch.setattr(commands, "cmd_train", died)
+    err = fails(capsys, ["train", QUICKSTART], "code -9, -9", "max_restarts: 1", "--resume")
+    assert err.count("\n") == 1

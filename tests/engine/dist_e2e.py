@@ -90,6 +90,7 @@ CASES: dict[str, dict[str, Any]] = {
     "ppo": {
         "algorithm": "ppo",
         "args": {"group_size": 2, "kl_coef": 0.05, "adaptive_kl": True, "kl_horizon": 100},
+        "schedule": "cosine",
     },
     "ppo-lora": {"algorithm": "ppo", "args": {"group_size": 2, "kl_coef": 0.05}, "lora": True},
     "steppo": {
@@ -111,8 +112,8 @@ CASES: dict[str, dict[str, Any]] = {
         "async": True,
         "lora": True,
     },
-    "sft": {"algorithm": "sft", "args": {}},
-    "dpo": {"algorithm": "dpo", "args": {"beta": 0.5}},
+    "sft": {"algorithm": "sft", "args": {}, "schedule": "cosine"},  # the warm start's schedule
+    "dpo": {"algorithm": "dpo", "args": {"beta": 0.5}, "schedule": "wsd"},
     "prm": {"algorithm": "prm", "args": {}},
 }
 BATCH = 4  # questions (online) or records (offline) per step over all processes
@@ -140,13 +141,21 @@ def overrides(world: str, model: str, out: Path, case: str) -> list[str]:
 
 
 def trainer_config(
-    steps: int = 3, lean: bool = True, packing: bool = False, balance: bool = False, max_staleness: int = 0
+    steps: int = 3,
+    lean: bool = True,
+    packing: bool = False,
+    balance: bool = False,
+    max_staleness: int = 0,
+    schedule: str = "linear",
 ) -> Any:
     """Plain SGD without clipping, so that the update is the gradient itself and a wrong gradient shows
-    in the weights (Adam's first step would hide its scale)."""
+    in the weights (Adam's first step would hide its scale). A decaying schedule without warm-up: the first
+    step runs at the full rate, the next ones show whether the schedule advanced once per step."""
     from searchrl.core.config import AsyncRolloutConfig, TrainerConfig
 
     return TrainerConfig(
+        schedule=schedule,  # type: ignore[arg-type]
+        decay_fraction=0.5 if schedule == "wsd" else 0.0,
         steps=steps,
         batch_size=BATCH,
         micro_batch_size=4,
@@ -212,6 +221,7 @@ def build(
             spec.get("packing", False),
             spec.get("balance", False),
             ASYNC["max_staleness"] if spec.get("async") and not sync else 0,
+            spec.get("schedule", "linear"),
         ),
         out_dir=out,
         resources=resources,
@@ -380,6 +390,83 @@ def check_reduce(out: Path) -> None:
     eng.wait()
 
 
+# every schedule, with a warm-up, two micro-batches per update and two updates per step (`trainer.mini_batches`)
+SCHEDULES: dict[str, dict[str, Any]] = {
+    "constant": {"schedule": "constant", "warmup_steps": 2},
+    "linear": {"schedule": "linear", "warmup_steps": 2},
+    "cosine": {"schedule": "cosine", "warmup_steps": 2},
+    "wsd": {"schedule": "wsd", "warmup_steps": 2, "decay_fraction": 0.5},
+}
+
+
+def case_learning_rates(case: str, steps: int) -> list[float]:
+    """The learning rate after each of the first ``steps`` steps of ``case``'s trainer, on one process."""
+    import torch
+
+    from searchrl.engine.schedule import make_optimizer
+
+    cfg = trainer_config(schedule=CASES[case].get("schedule", "linear"))
+    opt, sched = make_optimizer(cfg, [{"params": [torch.nn.Parameter(torch.zeros(1))]}])
+    out = []
+    for _ in range(steps):
+        for _ in range(cfg.epochs * cfg.mini_batches):
+            opt.step()
+            sched.step()
+        out.append(float(sched.get_last_lr()[0]))
+    return out
+
+
+def schedule_config(name: str) -> Any:
+    from searchrl.core.config import TrainerConfig
+
+    return TrainerConfig(steps=8, lr=1.0, optimizer="sgd", mini_batches=2, **SCHEDULES[name])
+
+
+def learning_rates(name: str, engine: Any = None) -> list[float]:
+    """The learning rate after each step of ``name``'s schedule: through ``engine``'s prepared optimizer and
+    scheduler, stepped as the training step steps them (every micro-batch, inside ``accumulate``), or with no
+    engine the torch scheduler alone, stepped once per update (what the schedule means)."""
+    import torch
+
+    from searchrl.engine.schedule import make_optimizer
+
+    cfg = schedule_config(name)
+    model = torch.nn.Linear(4, 1)
+    opt, sched = make_optimizer(cfg, [{"params": list(model.parameters())}])
+    if engine is not None:
+        model, opt, sched = engine.prepare(model, opt, sched)
+    device = next(model.parameters()).device
+    out = []
+    for _ in range(cfg.steps):
+        for _ in range(cfg.epochs * cfg.mini_batches):
+            for _ in range(engine.grad_accum if engine is not None else 1):
+                if engine is None:
+                    opt.step()
+                    sched.step()
+                    continue
+                with engine.accumulate(model):
+                    engine.backward(model(torch.ones(1, 4, device=device)).sum())
+                    opt.step()
+                    sched.step()
+                    opt.zero_grad()
+        out.append(float(sched.get_last_lr()[0]))
+    return out
+
+
+def check_schedules(out: Path) -> None:
+    """Each schedule's learning rate per step under this launch (DDP or ZeRO-3 on several processes)."""
+    from searchrl.engine.engine import Engine
+
+    got = {}
+    for name in SCHEDULES:
+        eng = Engine(grad_accum=2, micro_batch_size=1, max_grad_norm=None)
+        got[name] = learning_rates(name, eng)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"schedules-rank{eng.rank}.pkl", "wb") as f:
+        pickle.dump(got, f)
+    eng.wait()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--world", required=True)
@@ -388,6 +475,7 @@ def main() -> None:
     p.add_argument("--case", action="append", default=[])
     a = p.parse_args()
     check_reduce(a.out)
+    check_schedules(a.out)
     for case in a.case or list(CASES):
         run_case(a.world, a.model, a.out, case)
 

@@ -121,6 +121,18 @@ def test_metrics_reduce_over_different_keys(run):
     assert got[0] == pytest.approx(combine([dist_e2e.report_of(0), dist_e2e.report_of(1)]))
 
 
+@pytest.mark.parametrize("schedule", list(dist_e2e.SCHEDULES))
+def test_every_schedule_steps_once_per_update_on_every_process(run, schedule):
+    """The learning rate after each step under DDP / ZeRO-3 is the schedule's own, as on one process (with a
+    warm-up, gradient accumulation and two updates per step). accelerate's default stepped the prepared scheduler
+    once per process: twice as fast on two."""
+    _, out = run
+    got = [pickle.loads((out / f"schedules-rank{r}.pkl").read_bytes())[schedule] for r in (0, 1)]
+    want = dist_e2e.learning_rates(schedule)
+    assert got[0] == got[1] == pytest.approx(want, abs=1e-12)
+    assert len(set(want)) >= 2  # the schedule moves over these steps (a warm-up, then its own shape)
+
+
 @pytest.mark.parametrize("case", list(dist_e2e.CASES))
 def test_every_algorithm_finishes_and_processes_agree(run, case):
     backend, out = run
@@ -128,6 +140,10 @@ def test_every_algorithm_finishes_and_processes_agree(run, case):
     assert [x["world"] for x in r] == [2, 2] and r[0]["deepspeed"] == (backend == "zero3")
     assert [x["checkpointing"] for x in r] == [case == "grpo-checkpointing"] * 2
     assert len(r[0]["logged"]) == 2
+    # the learning rate after each step is the one-process schedule's (warm start, RL stage, every schedule)
+    want = dist_e2e.case_learning_rates(case, 2)
+    assert [x["train/lr"] for x in r[0]["logged"]] == pytest.approx(want, rel=1e-9)
+    assert want[1] < want[0]  # the schedule decays: a schedule stepped per process would show here
     for a, b in zip(r[0]["logged"], r[1]["logged"]):
         assert untimed(a) == untimed(b)
         assert all(v == v for v in a.values()), a  # no NaN
@@ -148,13 +164,14 @@ def test_rollouts_differ_between_processes(run):
     assert calls_differ
 
 
+@pytest.mark.numerics  # compared across processes and paths: run again under .ci/run's second float path
 @pytest.mark.parametrize("case", list(dist_e2e.CASES))
 def test_first_step_equals_one_process_on_the_union(run, case, tmp_path, world_dir, agent_model_dir):
     """Metrics and weights after the first step equal a single process trained on both processes' data."""
     _, out = run
     r = ranks(out, case)
     # an asynchronous case is replayed synchronously on the episodes its processes' workers sampled
-    tr, _ = dist_e2e.build(str(world_dir), str(agent_model_dir), tmp_path / case, case, steps=1, sync=True)
+    tr, _ = dist_e2e.build(str(world_dir), str(agent_model_dir), tmp_path / case, case, steps=3, sync=True)
     if case in dist_e2e.ONLINE:
         union = r[0]["collected"] + r[1]["collected"]
         tr.algo.collect = lambda indices: (union, {})
@@ -212,6 +229,7 @@ def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> N
     assert logged["reward/dist_e2e_ids"] == pytest.approx(sum(ids) / len(ids))
 
 
+@pytest.mark.numerics  # compared across processes and paths: run again under .ci/run's second float path
 @pytest.mark.parametrize("other", ["grpo-full-logits", "grpo-packed", "grpo-balanced", "grpo-checkpointing"])
 def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, other):
     """The same first step (same seed, so the same rollouts) with log-probs from the full logits and from
@@ -352,12 +370,39 @@ PREEMPT_PIPELINE = [
 ]
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_preemption_of_one_process_saves_on_both_and_resumes_exactly(
-    tmp_path, world_dir, agent_model_dir, backend
+def searchrl_launch_cmd(config: str, *overrides: str) -> list[str]:
+    """`searchrl launch --config_file CONFIG train experiments/quickstart.yaml OVERRIDES`."""
+    return [
+        sys.executable,
+        "-m",
+        "searchrl",
+        "launch",
+        "--config_file",
+        str(CONFIGS / config),
+        "--main_process_port",
+        "0",
+        "train",
+        str(REPO / "experiments" / "quickstart.yaml"),
+        *overrides,
+    ]
+
+
+@pytest.mark.parametrize(
+    "backend, target, sig",
+    [
+        ("ddp", "rank1", "SIGTERM"),
+        ("zero3", "rank1", "SIGTERM"),
+        ("ddp", "launcher", "SIGTERM"),
+        ("ddp", "launcher", "SIGUSR1"),  # SLURM's --signal=USR1@SECONDS, ahead of the SIGTERM
+    ],
+)
+def test_preemption_saves_on_both_processes_exits_75_and_resumes_exactly(
+    tmp_path, world_dir, agent_model_dir, backend, target, sig
 ):
-    """SIGTERM to one of the 2 training processes mid-step: both finish the step, write one checkpoint
-    together and stop with code 75; `--resume` then gives the metrics of an uninterrupted run."""
+    """A preemption signal mid-step, to one of the 2 training processes or to the launcher (`searchrl launch`,
+    which forwards it): both processes finish the step, write one checkpoint together and stop; the launcher
+    exits 75 with one line naming the checkpoint and the command that resumes; `--resume` then gives the
+    metrics of an uninterrupted run."""
     import json
 
     import psutil
@@ -367,7 +412,7 @@ def test_preemption_of_one_process_saves_on_both_and_resumes_exactly(
     over = [f"data.world_dir={world_dir}", f"model.path={agent_model_dir}", *PREEMPT_PIPELINE]
     launch(quickstart_cmd(config, *over, f"output_dir={tmp_path / 'full'}"), env, tmp_path)
     out = tmp_path / "cut"
-    cmd = quickstart_cmd(config, *over, f"output_dir={out}")
+    cmd = searchrl_launch_cmd(config, *over, f"output_dir={out}")
     proc = subprocess.Popen(
         cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -377,21 +422,28 @@ def test_preemption_of_one_process_saves_on_both_and_resumes_exactly(
         while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
             assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first step"
             time.sleep(0.2)
-        ranks = [
-            p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("RANK") == "1"
-        ]
-        ranks = [p for p in ranks if "searchrl" in " ".join(p.cmdline())]
-        assert ranks, "no rank-1 training process found"
-        ranks[0].send_signal(signal.SIGTERM)
+        if target == "launcher":
+            psutil.Process(proc.pid).send_signal(getattr(signal, sig))
+        else:
+            ranks = [
+                p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("RANK") == "1"
+            ]
+            ranks = [p for p in ranks if "searchrl" in " ".join(p.cmdline())]
+            assert ranks, "no rank-1 training process found"
+            ranks[0].send_signal(getattr(signal, sig))
         stdout, stderr = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0 and "preempted by" in stdout + stderr, (stdout[-2000:], stderr[-4000:])
-    assert "exit code 75" in stdout + stderr
+    assert proc.returncode == 75, (proc.returncode, stdout[-2000:], stderr[-4000:])
+    said = [line for line in stderr.splitlines() if line.startswith(("stopped:", "error:"))]
+    assert len(said) == 1 and "Traceback" not in stderr, stderr[-4000:]
+    assert said[0].startswith(f"stopped: preempted by {sig} after step ")
+    assert "--resume` (exit code 75)" in said[0] and "searchrl launch --config_file" in said[0]
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     stopped = rows[-1]["step"]
     assert 1 <= stopped < 3 and (out / "checkpoints" / f"step-{stopped:06d}").is_dir()
+    assert f"step-{stopped:06d} written" in said[0]
     launch([*cmd, "--resume"], env, tmp_path)
     full = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     cut = [json.loads(x) for x in metrics.read_text().splitlines()]

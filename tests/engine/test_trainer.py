@@ -17,6 +17,10 @@ from searchrl.engine.trainer import Schedule, Trainer, make_optimizer
 from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
 from searchrl.rewards import register_reward
 
+# compares two computation paths of the same numbers: .ci/run runs these again under a second floating-point
+# path (other kernels, one thread), so a tolerance that holds on one CPU's kernels only fails in CI
+pytestmark = pytest.mark.numerics
+
 
 @register_reward("test_trainer_length")
 def length_reward(traj, **_):
@@ -47,6 +51,30 @@ def trainer_for(exp, algorithm, cfg, records=None, resume=False, out=None, args=
 
 def state(model):
     return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def gradients_at_update(tr):
+    """The policy's gradients as the optimizer receives them (filled at each update; the last one kept)."""
+    grads: dict[str, torch.Tensor] = {}
+    opt = tr.training_step.model.optimizer
+    real = opt.step
+
+    def step(*a, **kw):
+        grads.clear()
+        grads.update(
+            {n: p.grad.detach().clone() for n, p in tr.policy.named_parameters() if p.grad is not None}
+        )
+        return real(*a, **kw)
+
+    opt.step = step
+    return grads
+
+
+def assert_same_gradients(g0, g1, rel=1e-4):
+    """Equal to ``rel`` of each tensor's largest entry (the same sums over ~10^3 tokens in another order)."""
+    assert g0 and g0.keys() == g1.keys()
+    worst = max(float((g0[k] - g1[k]).abs().max() / g0[k].abs().max().clamp(min=1e-8)) for k in g0)
+    assert worst < rel, worst
 
 
 def test_schedule_is_a_pure_function_of_step():
@@ -163,15 +191,18 @@ def test_one_update_per_batch_takes_pi_old_from_the_update_itself(make_exp, tmp_
             return no_grad(*a, **k)
 
         tr.training_step._no_grad_pass = counted
+        grads = gradients_at_update(tr)
         torch.manual_seed(0)
-        out[pass_] = tr.step(0), state(tr.policy), len(calls)
-    (m0, w0, n0), (m1, w1, n1) = out[False], out[True]
+        out[pass_] = tr.step(0), grads, len(calls)
+    (m0, g0, n0), (m1, g1, n1) = out[False], out[True]
     assert (n0, n1) == (1, 2)  # the reference pass only, against reference and π_old
     assert m0["rollout/tokens_generated"] == m1["rollout/tokens_generated"]  # the same episodes
     for k in ("train/loss", "train/kl", "train/clip_frac", "rollout/logprob_abs_diff"):
         assert m0[k] == pytest.approx(m1[k], abs=1e-5), k
     assert m0["rollout/logprob_abs_diff"] < 1e-4
-    assert all(torch.allclose(w0[k], w1[k], atol=1e-6) for k in w0)
+    # the gradients the update received, not the weights after Adam (which moves a ~0-gradient entry by up to
+    # lr in the direction rounding picks: weights after one Adam step are not comparable at a fraction of lr)
+    assert_same_gradients(g0, g1)
     ppo = trainer_for(exp, "ppo", cfg, out=tmp_path / "ppo")  # GAE reads the old values first
     assert (
         ppo.training_step.shape.old_pass

@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from searchrl.app.resources import Resources
 from searchrl.core.config import ConfigError, TrainerConfig
+from searchrl.core.errors import SearchRLError
 from searchrl.core.functional import token_logprobs
 from searchrl.engine.metrics import read_metrics
 from searchrl.rollout.async_rollout import AsyncRollout, admissible
 from searchrl.rollout.generator import GENERATORS, SamplingParams
 from searchrl.rollout.loop import rollout
+from searchrl.rollout.worker_process import RolloutWorkerDied
 from tests.engine.test_trainer import trainer_for
 
 
@@ -379,9 +381,14 @@ def test_a_failing_worker_process_stops_the_trainer_with_its_error(make_exp, age
     tr.rollouts.start(0)
     tr.rollouts.worker.take(0)  # the worker is up
     os.kill(tr.rollouts.worker._proc.pid, signal.SIGKILL)
-    with pytest.raises(RuntimeError, match="exited with code -9"):
+    with pytest.raises(RolloutWorkerDied, match="exited with code -9") as died:
         tr.rollouts.worker.take(2)
     tr.rollouts.worker.close()
+    # a user's error: one line naming the exit code, the setting and how to continue; the CLI prints it as
+    # `error: …` and exits 2, no traceback
+    text = str(died.value)
+    assert "\n" not in text and "max_restarts: 0" in text and "--resume" in text
+    assert isinstance(died.value, SearchRLError)
 
 
 def test_a_killed_worker_process_is_started_again_and_the_run_finishes(make_exp, agent_model_dir, tmp_path):

@@ -72,6 +72,12 @@ def _add_validate(sub: Any) -> None:
     v.add_argument(
         "-v", "--verbose", action="store_true", help="also say which checks could not run, and why"
     )
+    v.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="list inputs that are not there yet (data files to download, a model an earlier run writes) "
+        "instead of failing on them; every other check still runs",
+    )
     v.set_defaults(fn=commands.cmd_validate)
 
 
@@ -249,9 +255,24 @@ def _add_eval(sub: Any) -> None:
     e.set_defaults(fn=commands.cmd_eval)
 
 
+def _add_launch(sub: Any) -> None:
+    la = sub.add_parser(
+        "launch",
+        help="accelerate launch for schedulers: preempted runs exit 75 with one line, errors 2",
+        description="searchrl launch [ACCELERATE OPTIONS] train FILE [KEY=VALUE ...] [--resume]: accelerate's "
+        "launcher (any `accelerate launch` option), with the exit code and one line that a scheduler and a user "
+        "read: 75 when the processes stopped on SIGTERM / SIGUSR1 and saved (with the command that resumes), "
+        "2 on a user error, 1 on a crash; the processes get the experiment's trainer.preempt_grace_s + 60 s to "
+        "save before SIGKILL. See docs/distributed.md.",
+    )
+    la.add_argument("rest", nargs=argparse.REMAINDER, metavar="[ACCELERATE OPTIONS] COMMAND ...")
+    la.set_defaults(fn=commands.cmd_launch)
+
+
 SUBCOMMANDS = (
     _add_world,
     _add_train,
+    _add_launch,
     _add_validate,
     _add_config_reference,
     _add_build_model,
@@ -271,6 +292,9 @@ SUBCOMMANDS = (
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if args.command == "launch":  # everything after the word goes to the launcher, options included
+        words = list(sys.argv[1:] if argv is None else argv)
+        args.rest, extra = words[words.index("launch") + 1 :], []
     # KEY=VALUE overrides may come after options (argparse stops collecting positionals at an option)
     if extra:
         if not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra):
@@ -282,6 +306,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.debug:
             raise
         code = getattr(exc, "exit_code", 2)  # 75: preempted, resume me (engine/preemption.py)
+        from searchrl.app.launch import write_status
+
+        if write_status(code, exc):  # under `searchrl launch`: the launcher prints it, once for all processes
+            raise SystemExit(code) from None
         print(f"{'error' if code == 2 else 'stopped'}: {exc}", file=sys.stderr)
         if not isinstance(exc, SearchRLError):
             print("(run with --debug for the traceback)", file=sys.stderr)

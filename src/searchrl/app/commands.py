@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.app.evaluate import check_model_dir, evaluate
-from searchrl.core.errors import DataError, SearchRLError
+from searchrl.core.errors import DataError, MissingInput, SearchRLError
 
 
 def cmd_world(args: argparse.Namespace) -> None:
@@ -43,17 +43,41 @@ def cmd_validate(args: argparse.Namespace) -> None:
         raise SearchRLError("validate needs an experiment file: searchrl validate FILE [KEY=VALUE ...]")
     failed = 0
     for f in files:
+        # --allow-missing: inputs named but not there yet (data files to download, a model an earlier run
+        # writes) are listed, not failures; every other check still runs
+        missing: list[MissingInput] | None = [] if args.allow_missing else None
         try:
             exp = load_experiment(f, overrides)
             check_arguments(exp, f)
-            check_paths(exp, f)
-            unchecked = check_prompt_budget(exp, f)
+            check_paths(exp, f, missing)
+            unchecked = (
+                check_prompt_budget(exp, f)
+                if not missing
+                else "its inputs are not there yet (checked by train)"
+            )
             print(f"ok      {f}" + (f"  (prompt budget: {unchecked})" if unchecked and args.verbose else ""))
+            for m in missing or []:
+                value = f" = {m.value}" if m.value is not None else ""
+                print(f"  missing input: {m.key}{value} ({m.problem})" + (f"; {m.hint}" if m.hint else ""))
+        except MissingInput as exc:
+            failed += 1
+            print(
+                f"invalid {exc}\n  (an input still to fetch or build? --allow-missing lists them and checks the rest)",
+                file=sys.stderr,
+            )
         except SearchRLError as exc:
             failed += 1
             print(f"invalid {exc}", file=sys.stderr)
     if failed:
         raise SystemExit(1)
+
+
+def cmd_launch(args: argparse.Namespace) -> None:
+    from searchrl.app.launch import run
+
+    code = run(list(args.rest))
+    if code:
+        raise SystemExit(code)
 
 
 def cmd_config_reference(args: argparse.Namespace) -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from searchrl.core.config import Experiment, KeySources, from_dict
-from searchrl.core.errors import ConfigError, RegistryError
+from searchrl.core.errors import ConfigError, MissingInput, RegistryError
 from searchrl.core.loader import read_experiment
 from searchrl.core.registry import Registry
 
@@ -124,11 +125,20 @@ def _local_path(path: str) -> bool:
     return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or Path(path).exists()
 
 
-def check_paths(exp: Experiment, source: str = "<config>") -> None:
+def check_paths(exp: Experiment, source: str = "<config>", missing: list[MissingInput] | None = None) -> None:
     """The model and checkpoint directories the file names exist (hub ids such as ``Qwen/Qwen2.5-7B`` are
     not checked: no hub is reached here), and a source other than the synthetic world names its question
-    files and a model. `validate` and `train` run it before anything loads."""
-    _check_data_source(exp, source)
+    files and a model. `validate` and `train` run it before anything loads.
+
+    An input that is named but not there is a `MissingInput`: raised, or, given ``missing``, added to it and
+    the checks go on (`validate --allow-missing`: the file is right, its inputs are still to be fetched)."""
+
+    def absent(err: MissingInput) -> None:
+        if missing is None:
+            raise err
+        missing.append(err)
+
+    _check_data_source(exp, source, absent)
     named = [("model.path", exp.model.path)]
     if exp.warm_start is not None:
         named.append(("warm_start.checkpoint", exp.warm_start.checkpoint))
@@ -136,18 +146,23 @@ def check_paths(exp: Experiment, source: str = "<config>") -> None:
         if path is None or not _local_path(str(path)):
             continue
         p = Path(str(path)).expanduser()
-        if not p.is_dir():
-            raise ConfigError(
-                "no such directory" if not p.exists() else "is not a directory",
-                file=source,
-                key=key,
-                value=path,
-                hint="a model directory (config.json and weights), as training writes under <run>/<stage>/final"
-                + (
-                    ": run the quickstart first (searchrl train experiments/quickstart.yaml)"
-                    if "runs/" in str(path)
-                    else ""
-                ),
+        if p.exists() and not p.is_dir():
+            raise ConfigError("is not a directory", file=source, key=key, value=path)
+        if not p.exists():
+            absent(
+                MissingInput(
+                    "no such directory",
+                    file=source,
+                    key=key,
+                    value=path,
+                    hint="a model directory (config.json and weights), as training writes under "
+                    "<run>/<stage>/final"
+                    + (
+                        ": run the quickstart first (searchrl train experiments/quickstart.yaml)"
+                        if "runs/" in str(path)
+                        else ""
+                    ),
+                )
             )
 
 
@@ -202,7 +217,7 @@ def check_prompt_budget(exp: Experiment, source: str = "<config>") -> str | None
     return None
 
 
-def _check_data_source(exp: Experiment, source: str) -> None:
+def _check_data_source(exp: Experiment, source: str, absent: Callable[[MissingInput], None]) -> None:
     d = exp.data
     if d.source == "synthetic":
         return
@@ -224,7 +239,15 @@ def _check_data_source(exp: Experiment, source: str) -> None:
                 hint=f"data.{split}=PATH (a {d.source} file)",
             )
         if not Path(getattr(d, split)).exists():
-            raise ConfigError("no such file", file=source, key=f"data.{split}", value=getattr(d, split))
+            absent(
+                MissingInput(
+                    "no such file",
+                    file=source,
+                    key=f"data.{split}",
+                    value=getattr(d, split),
+                    hint=f"the {d.source} question file (docs/retrieval.md#data: where each data set comes from)",
+                )
+            )
 
 
 def _check_algorithm(exp: Experiment, conf: Any, source: str, training: bool) -> None:

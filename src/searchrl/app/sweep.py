@@ -16,7 +16,7 @@ Run names are stable and readable: ``<variant>-<key><value>-…`` (``ppo-seed1``
 ``results.json`` exists is skipped and an interrupted one continues from its last checkpoint, so a
 crashed sweep resumes where it stopped; a failing run is recorded
 in ``sweep.json`` (with its log) and the others go on. ``--jobs N`` runs N at once; ``--launch-config``
-starts every run through ``accelerate launch --config_file …`` (multi-GPU sweeps).
+starts every run through ``searchrl launch --config_file …`` (accelerate's launcher; multi-GPU sweeps).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -56,9 +55,8 @@ class Run:
             f"output_dir={self.out}",
             *self.overrides,
         ]
-        if launch_config:
-            accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
-            return [accelerate, "launch", "--config_file", launch_config, *args]
+        if launch_config:  # `searchrl launch`: accelerate's launcher with a preempted run's exit code (75)
+            return [sys.executable, "-m", "searchrl", "launch", "--config_file", launch_config, *args[2:]]
         return [sys.executable, *args]
 
     @property

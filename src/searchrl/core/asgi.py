@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -55,17 +56,29 @@ async def read_json(request: Any) -> dict[str, Any]:
     """The request's JSON object, or `BadRequest` (not JSON, too deeply nested, not an object); a body
     above the app's ``max_body_bytes`` is refused (413) before it is read, or as soon as it passes it."""
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     limit = request.app.state.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise HTTPException(413)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413)
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client went away mid-body: one line in the log, not a traceback
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        logging.getLogger("uvicorn.error").warning(
+            "%s disconnected after %d bytes of its %s %s body; request dropped",
+            client,
+            size,
+            request.method,
+            request.url.path,
+        )
+        raise HTTPException(400, "the client disconnected before sending the whole body") from None
     body = b"".join(chunks)
     try:
         data = json.loads(body)

@@ -48,6 +48,11 @@ class ConfigError(SearchRLError, ValueError):
         super().__init__("\n".join(parts))
 
 
+class MissingInput(ConfigError):
+    """A file or directory the experiment reads is not there (yet): a question file not downloaded, a model
+    directory an earlier run writes. The file itself may be right (`searchrl validate --allow-missing`)."""
+
+
 class DataError(SearchRLError, ValueError):
     """Bad input data or a bad argument: names the file (and row) or the argument and what would be valid."""
 

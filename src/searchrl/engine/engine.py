@@ -124,7 +124,7 @@ class Engine:
         seed: int = 0,
     ) -> None:
         from accelerate import Accelerator
-        from accelerate.utils import set_seed
+        from accelerate.utils import DataLoaderConfiguration, set_seed
 
         distributed_state()
         self._phase: tuple[str, int | None] = ("setup", None)
@@ -134,6 +134,11 @@ class Engine:
             gradient_accumulation_steps=grad_accum,
             mixed_precision=mixed_precision,
             kwargs_handlers=_process_group_kwargs(),
+            # our batch sizes are global (`trainer.batch_size` is split over the processes), and so is the
+            # schedule's step count: the prepared scheduler steps once per optimizer step. accelerate's default
+            # (per-process batches) steps it once per process, which decayed the learning rate N times as fast
+            # on N processes (`AcceleratedScheduler.step`)
+            dataloader_config=DataLoaderConfiguration(split_batches=True),
         )
         self.max_grad_norm = max_grad_norm
         ds = self.accelerator.state.deepspeed_plugin

@@ -31,8 +31,9 @@ class Preempted(SearchRLError):
 
     exit_code = EXIT_PREEMPTED
 
-    def __init__(self, message: str, step: int | None) -> None:
-        super().__init__(message)
+    def __init__(self, summary: str, step: int | None) -> None:
+        super().__init__(f"{summary}; continue with `searchrl train … --resume` (exit code {EXIT_PREEMPTED})")
+        self.summary = summary  # what happened, without how to continue (`searchrl launch` says that)
         self.step = step
 
 
@@ -44,6 +45,7 @@ class Preemption:
         self.signal: int | None = None
         self.at: float | None = None  # monotonic time of the first signal
         self._previous: dict[int, Any] = {}
+        self.stopping = False  # the run stops on a signal: later ones are ignored while it exits
 
     def watch(self) -> None:
         """Install the handlers (the main thread only: Python delivers signals there; elsewhere, e.g. a run
@@ -54,8 +56,11 @@ class Preemption:
             self._previous[s] = signal.signal(s, self._handle)
 
     def unwatch(self) -> None:
+        """The previous handlers back; or, once the run stops on a preemption (``stopping``), the signals
+        ignored: a launcher's follow-up SIGTERM (torchrun sends one to the processes still running when another
+        has exited) must not kill a process that has saved and is exiting with code 75."""
         for s, handler in self._previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if self.stopping else handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

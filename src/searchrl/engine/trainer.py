@@ -24,7 +24,7 @@ from searchrl.engine.engine import Engine, NonFiniteError, distributed_state
 from searchrl.engine.guards import Guards, Rollback, Trip
 from searchrl.engine.metrics import MetricsSink
 from searchrl.engine.precision import Float32Gradients, use_master_weights
-from searchrl.engine.preemption import EXIT_PREEMPTED, Preempted, Preemption
+from searchrl.engine.preemption import Preempted, Preemption
 from searchrl.engine.rollouts import Rollouts
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule, batch_shape, make_optimizer
@@ -384,10 +384,9 @@ class Trainer:
                 f"no checkpoint written: a save takes about {estimate:.0f} s and {preemption.left_s():.0f} s "
                 f"of trainer.preempt_grace_s were left; the last good one is {last}"
             )
+        preemption.stopping = True
         raise Preempted(
-            f"preempted by {preemption.name()} after step {done}: {what}; continue with `searchrl train … "
-            f"--resume` (exit code {EXIT_PREEMPTED})",
-            done if saved else None,
+            f"preempted by {preemption.name()} after step {done}: {what}", done if saved else None
         )
 
 

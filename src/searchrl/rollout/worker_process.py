@@ -40,11 +40,24 @@ from typing import Any
 import torch
 
 from searchrl.core.config import Experiment, LoraConfig
+from searchrl.core.errors import SearchRLError
 from searchrl.core.types import Trajectory
 from searchrl.data.example import Example
 from searchrl.models.weights import load_into
 from searchrl.rollout.async_rollout import AsyncRollout, _Batch, batch_metrics, worker_metrics
 from searchrl.rollout.generator import SamplingParams, generator_options
+
+
+class RolloutWorkerDied(SearchRLError, RuntimeError):
+    """The rollout worker process died (a signal, out of memory, a native crash) more often than
+    ``trainer.async_rollout.max_restarts`` allows: one line for the user (the CLI exits 2); the run's
+    checkpoints are untouched, so ``--resume`` continues from the last one."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}; the run's checkpoints are kept: continue with `searchrl train … --resume` (or raise "
+            "trainer.async_rollout.max_restarts, or give the worker more memory)"
+        )
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,7 @@ class ProcessRollout:
         self._synced = spec.start_step
         self._reply: Any = None
         self._error: str | None = None
+        self._died: str | None = None  # how the worker process died, past its restarts
         self._closed = False
         self.busy_s, self.tokens, self._reported_busy = 0.0, 0, 0.0
         self._receiver = threading.Thread(target=self._receive, name="searchrl-rollout-receiver", daemon=True)
@@ -214,8 +228,12 @@ class ProcessRollout:
         self._cond.notify_all()
 
     def _await(self, ready: Any, what: str) -> None:
-        """Wait (holding ``_cond``) until ``ready()``; a failed or vanished worker raises, naming ``what``."""
+        """Wait (holding ``_cond``) until ``ready()``; a failed or vanished worker raises, naming ``what``: a
+        worker that died (killed, out of memory) past its restarts as `RolloutWorkerDied`, one line for the
+        user; a Python error in the worker as a RuntimeError with the worker's traceback (a bug to report)."""
         while not ready():
+            if self._died is not None:
+                raise RolloutWorkerDied(f"the rollout worker process {self._died} before {what}")
             if self._error is not None:
                 raise RuntimeError(f"the rollout worker process failed before {what}:\n{self._error}")
             self._cond.wait(timeout=1.0)
@@ -233,11 +251,13 @@ class ProcessRollout:
                             self._restart()
                             continue
                         codes = ", ".join(str(c) for c in self._exits)
-                        self._error = self._error or (
-                            f"it exited with code {codes} (killed, out of memory, or a crash in a native "
-                            f"library){'' if len(self._exits) == 1 else ' after ' + str(self.restarts) + ' restarts'}"
-                            f" (trainer.async_rollout.max_restarts: {self.max_restarts})"
-                        )
+                        if self._error is None:
+                            after = "" if len(self._exits) == 1 else f" after {self.restarts} restarts"
+                            self._died = (
+                                f"exited with code {codes} (killed, out of memory, or a crash in a native "
+                                f"library){after} (trainer.async_rollout.max_restarts: {self.max_restarts})"
+                            )
+                            self._error = self._died
                         self._cond.notify_all()
                     return
                 continue
