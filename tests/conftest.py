@@ -162,6 +162,17 @@ def qwen3_tok(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen_model_dir(tmp_path_factory) -> Path:
+    """A model directory as a user's download looks (`save_pretrained`): a small random Qwen2-architecture
+    model at Qwen2.5's real vocabulary (151,665 tokens), with its tokenizer and chat template."""
+    from searchrl.models.tiny import build_local_model
+
+    return build_local_model(
+        "tiny", [], tmp_path_factory.mktemp("qwen-vocab-model"), tokenizer="qwen2.5", layers=1
+    )
+
+
+@pytest.fixture(scope="session")
 def qwen_tok(qwen_tokenizer_dir):
     from transformers import AutoTokenizer
 

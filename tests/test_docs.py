@@ -72,6 +72,14 @@ def test_command_parses_against_the_cli(line):
     words = shlex.split(line.split("&&")[-1].split("#")[0])
     at = words.index("searchrl") if "searchrl" in words else words.index("-m") + 1
     argv = words[at + 1 :]
+    if argv[:1] == ["launch"]:  # accelerate's options (its own parser), then a searchrl command
+        from accelerate.commands.launch import launch_command_parser
+
+        from searchrl.app.launch import split_command
+
+        accelerate_args, argv = split_command(argv[1:])
+        _, unknown = launch_command_parser().parse_known_args([*accelerate_args, "-m", "searchrl"])
+        assert not unknown, f"unknown accelerate launch options: {unknown}"
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     assert all("=" in x and not x.startswith("-") for x in extra), f"unknown arguments: {extra}"

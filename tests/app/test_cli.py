@@ -47,7 +47,7 @@ def test_validate(tmp_path, capsys):
     bad.write_text("env: {retriever: {name: bm52}}\n")
     with pytest.raises(SystemExit) as e:
         main(["validate", str(good), str(bad)])
-    assert e.value.code == 1
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"{bad}: key 'env.retriever.name': unknown retriever name" in err and "did you mean 'bm25'?" in err
 
@@ -72,7 +72,7 @@ def test_every_shipped_experiment_validates_with_its_inputs_allowed_missing(tmp_
     with pytest.raises(SystemExit) as e:
         main(["validate", recipe])
     err = capsys.readouterr().err
-    assert e.value.code == 1 and "key 'data.test': no such file" in err and "--allow-missing" in err
+    assert e.value.code == 2 and "key 'data.test': no such file" in err and "--allow-missing" in err
     # a missing input never hides a wrong key: the rest of the file is still checked
     with pytest.raises(SystemExit):
         main(["validate", recipe, "--allow-missing", "trainer.stpes=3"])

@@ -45,7 +45,7 @@ def test_reward_modules_are_checked_at_validate_time(tmp_path, capsys, monkeypat
     for module, why in (("broken_rewards", "SyntaxError"), ("odd_rewards", "calling convention")):
         with pytest.raises(SystemExit) as e:
             main(["validate", QUICKSTART, "--set", f"rewards=[{{name: '{module}:score'}}]"])
-        assert e.value.code == 1
+        assert e.value.code == 2
         err = capsys.readouterr().err
         assert "rewards[0]" in err and f"{module}:score" in err and why in err, err
         fails(
@@ -211,7 +211,7 @@ def test_stepsearch_public_code_needs_its_document_layout(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["validate", steppo, "--set", compat])
     err = capsys.readouterr().err
-    assert e.value.code == 1 and "env.doc_format" in err and "rewards[0].args.public_code_compat" in err, err
+    assert e.value.code == 2 and "env.doc_format" in err and "rewards[0].args.public_code_compat" in err, err
     main(["validate", steppo, "--set", compat, "--set", "env.doc_format=stepsearch"])  # the pair is fine
     fails(
         capsys, ["train", steppo, compat, f"output_dir={tmp_path}/r"], "env.doc_format", "public_code_compat"
@@ -355,12 +355,12 @@ def test_validate_catches_what_train_would_refuse(tmp_path, capsys):
     """`validate FILE key=value` takes overrides as `train` does; a missing model or checkpoint directory, a
     guard whose min is above its max, and `train --resume --force` are refused before anything loads."""
 
-    def invalid(argv, *expected):  # validate reports each file and exits 1
+    def invalid(argv, *expected):  # validate reports each file and exits 2, as train does
         capsys.readouterr()
         with pytest.raises(SystemExit) as e:
             main(argv)
         err = capsys.readouterr().err
-        assert e.value.code == 1 and err.startswith("invalid ") and "Traceback" not in err, err
+        assert e.value.code == 2 and err.startswith("invalid ") and "Traceback" not in err, err
         assert all(part in err for part in expected), err
 
     capsys.readouterr()
@@ -381,10 +381,28 @@ def test_validate_catches_what_train_would_refuse(tmp_path, capsys):
     main(["validate", QUICKSTART, "model.path=Qwen/Qwen2.5-7B"])  # a hub id: not checked here
     invalid(["validate", QUICKSTART, "data.source=hotpotqa"], "model.path", "synthetic world")
     invalid(
-        ["validate", QUICKSTART, "data.source=hotpotqa", "model.path=Qwen/Qwen2.5-7B"],
+        ["validate", QUICKSTART, "data.source=hotpotqa", "model.path=Qwen/Qwen2.5-7B", "warm_start=null"],
         "data.test",
         "none is given",
     )
+    # what a stage refuses when it starts, found at load: the batch shape of the GRPO stage (5 samples of 16
+    # questions do not split into micro-batches of 32) and of the warm start; the teacher off the synthetic world
+    invalid(
+        ["validate", QUICKSTART, "algorithm.group_size=5"], "key 'trainer'", "micro_batch_size (32)", "grpo"
+    )
+    invalid(["validate", QUICKSTART, "warm_start.trainer.mini_batches=3"], "warm_start.trainer", "sft stage")
+    flashrag = tmp_path / "q.jsonl"
+    flashrag.write_text('{"id": "1", "question": "Who?", "golden_answers": ["A"]}\n')
+    real = [
+        "data.source=flashrag",
+        f"data.train={flashrag}",
+        f"data.test={flashrag}",
+        "model.path=Qwen/Qwen2.5-7B",
+    ]
+    invalid(["validate", QUICKSTART, *real], "key 'warm_start'", "synthetic world's scripted teacher")
+    main(["validate", QUICKSTART, *real, "warm_start=null"])
+    # a misspelt section on the command line is the command line's, not the file's
+    invalid(["validate", QUICKSTART, "trainr.steps=8"], "command line override 'trainr.steps=8'", "'trainer'")
 
 
 def test_data_files_duplicate_ids_and_byte_order_marks(tmp_path, capsys):

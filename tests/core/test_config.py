@@ -42,8 +42,12 @@ def test_base_includes_merge_and_child_wins(tmp_path):
     sub.mkdir()
     f = write(sub, "child.yaml", "base: ../base.yaml\nenv: {topk: 4}\nrewards: [{name: f1, weight: 0.5}]\n")
     exp = load_experiment(f)
-    assert exp.name == "base" and exp.env.topk == 4 and exp.env.max_turns == 3
+    assert exp.env.topk == 4 and exp.env.max_turns == 3
     assert [r.name for r in exp.rewards] == ["f1"] and exp.rewards[0].weight == 0.5  # lists replace
+    # the name is the file's own, never a base's (the child would train into the base's run directory)
+    assert exp.name == "child" and exp.out == Path("runs/child")
+    assert load_experiment(f, ["name=other"]).name == "other"
+    assert load_experiment(tmp_path / "base.yaml").name == "base"
 
 
 def test_a_different_algorithm_in_a_child_does_not_inherit_the_base_arguments(tmp_path):
@@ -230,3 +234,67 @@ def test_a_mapping_override_merges_into_its_section():
     assert exp.trainer.steps == 2 and exp.trainer.lr == base.trainer.lr and exp.trainer.lr != 1.0e-6
     other = load_experiment(REPO / "experiments" / "quickstart.yaml", ["algorithm={name: ppo}"])
     assert other.algorithm.name == "ppo" and "clip_low" not in other.algorithm.args  # a new name: replaced
+
+
+def test_a_partial_section_merges_onto_its_own_defaults(tmp_path):
+    """A section given in part keeps the defaults of the keys it leaves out, its own section's defaults
+    included: the warm start's trainer (600 steps, lr 1e-3, cosine) is not the plain trainer (100, 1e-6,
+    constant), whether the part comes from the command line or from a file."""
+    from dataclasses import replace
+
+    from searchrl.core.config import TrainerConfig, WarmStartConfig
+
+    warm = WarmStartConfig().trainer
+    assert warm != TrainerConfig()
+    exp = load_experiment(None, ["warm_start={teacher_passes: 4}", "warm_start.trainer.steps=50"])
+    assert exp.warm_start.teacher_passes == 4 and exp.warm_start.trainer == replace(warm, steps=50)
+    f = tmp_path / "x.yaml"
+    f.write_text("warm_start: {trainer: {lr: 2.0e-3, guards: {on_trip: rollback}}}\ntrainer: {guards: {}}\n")
+    exp = load_experiment(f)
+    assert exp.warm_start.trainer == replace(warm, lr=2e-3, guards=replace(warm.guards, on_trip="rollback"))
+    assert exp.trainer == TrainerConfig()
+    with pytest.raises(ConfigError, match="warm_start.trainer.stpes"):
+        load_experiment(None, ["warm_start.trainer.stpes=3"])
+
+
+def test_the_configuration_reference_shows_the_effective_default_of_every_key():
+    """Every key's default in the generated reference is what the loader gives a file that leaves it out (a
+    section that defaults to null, opened as `{}`)."""
+    import dataclasses
+    import typing
+
+    from searchrl.algorithms import ALGORITHMS
+    from searchrl.app.config_reference import algorithm_rows, markdown, rows
+    from searchrl.core.config import from_dict
+
+    def loaded(cls, instance, prefix=""):
+        for f in dataclasses.fields(cls):
+            value = getattr(instance, f.name)
+            yield prefix + f.name, value
+            t = typing.get_type_hints(cls)[f.name]
+            nested = [a for a in (t, *typing.get_args(t)) if dataclasses.is_dataclass(a)]
+            if nested and typing.get_origin(t) is not tuple:
+                if value is None:
+                    try:
+                        value = from_dict(nested[0], {})
+                    except ConfigError:  # required keys: nothing to compare below it
+                        continue
+                yield from loaded(nested[0], value, f"{prefix}{f.name}.")
+
+    effective = dict(loaded(Experiment, from_dict(Experiment, {})))
+    checked = 0
+    for key, _, default, _, _ in rows(Experiment):
+        if default in ("(section)", "(required)") or key not in effective:
+            continue
+        value = effective[key]
+        text = "null" if value is None else repr(value)
+        assert default == (text if len(text) <= 60 else text[:57] + "..."), key
+        checked += 1
+    assert checked > 150
+    assert any(k == "warm_start.trainer.lr" and d == "0.001" for k, _, d, _, _ in rows(Experiment))
+    by_algorithm = algorithm_rows()
+    assert set(by_algorithm) == set(ALGORITHMS.names())
+    for name, table in by_algorithm.items():
+        fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(name).Config)}
+        assert {key.split(".")[1] for key, *_ in table} == fields, name
+    assert "## `algorithm` with `name: grpo`" in markdown()

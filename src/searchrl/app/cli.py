@@ -18,6 +18,36 @@ def _overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. env.topk=5")
 
 
+def _experiment(p: argparse.ArgumentParser) -> None:
+    """``FILE [KEY=VALUE ...]``: every command that reads one experiment takes it the same way (`main` sorts
+    words that come after options, and says what is missing)."""
+    p.add_argument("config", nargs="?", metavar="FILE", help="the experiment YAML file")
+    _overrides(p)
+    p.set_defaults(needs_file=True)
+
+
+def _is_file_word(word: str) -> bool:
+    """A command-line word that names a file (rather than an override or a misspelt one)."""
+    return "=" not in word and (word.endswith((".yaml", ".yml")) or Path(word).exists())
+
+
+def _sort_words(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:
+    """One grammar for ``FILE [FILE ...] [KEY=VALUE ...]``, wherever the words stand among the options: a word
+    with ``=`` is an override, a file word a file (`validate` takes several), anything else an override too,
+    so that the override parser says what it should look like. An unknown ``--option`` is argparse's error."""
+    if any(x.startswith("-") for x in extra) or not hasattr(args, "overrides"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    words = [*extra]
+    if hasattr(args, "files"):  # validate: files and overrides in any order
+        words = [*args.files, *words]
+        args.files = [w for w in words if _is_file_word(w)]
+        args.overrides = [*args.overrides, *(w for w in words if not _is_file_word(w))]
+        return
+    if getattr(args, "needs_file", False) and args.config is not None and "=" in args.config:
+        words, args.config = [args.config, *words], None  # `train key=value`: no file was given
+    args.overrides = [*args.overrides, *words]
+
+
 def _positive(kind: type) -> Any:
     """An argparse type: a number of ``kind`` above 0 (a flag out of range exits 2 naming it, as any bad flag)."""
 
@@ -33,9 +63,21 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("searchrl")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from searchrl import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="searchrl", description=__doc__)
     p.add_argument("--debug", action="store_true", help="show the traceback of a user error")
+    p.add_argument("--version", action="version", version=f"searchrl {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for add in SUBCOMMANDS:
         add(sub)
@@ -52,20 +94,28 @@ def _add_world(sub: Any) -> None:
 
 def _add_train(sub: Any) -> None:
     tr = sub.add_parser("train", help="train an experiment (warm start, algorithm, evaluation)")
-    tr.add_argument("config")
+    _experiment(tr)
     tr.add_argument("--resume", action="store_true", help="continue from the last checkpoint of each stage")
+    tr.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build every stage as training would (data, index, tokenizer, template, batch shapes, the model on "
+        "the meta device) and stop before the first step",
+    )
     tr.add_argument(
         "--force",
         action="store_true",
         help="start over in a run directory trained with another config (deletes its results)",
     )
-    _overrides(tr)
     tr.set_defaults(fn=commands.cmd_train)
 
 
 def _add_validate(sub: Any) -> None:
-    v = sub.add_parser("validate", help="check experiment files without running them")
-    v.add_argument("files", nargs="+", metavar="FILE [KEY=VALUE]", help="files, then overrides as for train")
+    v = sub.add_parser(
+        "validate",
+        help="check experiment files without running them: whatever train would refuse at any stage's start",
+    )
+    v.add_argument("files", nargs="*", metavar="FILE [KEY=VALUE]", help="files, then overrides as for train")
     v.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to each file"
     )
@@ -78,7 +128,12 @@ def _add_validate(sub: Any) -> None:
         help="list inputs that are not there yet (data files to download, a model an earlier run writes) "
         "instead of failing on them; every other check still runs",
     )
-    v.set_defaults(fn=commands.cmd_validate)
+    v.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print each file's resolved config (bases merged, overrides applied, defaults filled in) as YAML",
+    )
+    v.set_defaults(fn=commands.cmd_validate, overrides=[])
 
 
 def _add_config_reference(sub: Any) -> None:
@@ -174,9 +229,8 @@ def _add_serve_model(sub: Any) -> None:
 
 def _add_collect_process_data(sub: Any) -> None:
     c = sub.add_parser("collect-process-data", help="RAG-Gym step-level preference data from a policy")
-    c.add_argument("config")
+    _experiment(c)
     c.add_argument("--model", required=True, help="the policy that proposes the candidate actions")
-    _overrides(c)
     c.set_defaults(fn=commands.cmd_collect)
 
 
@@ -222,16 +276,15 @@ def _add_view(sub: Any) -> None:
 
 def _add_teacher(sub: Any) -> None:
     t = sub.add_parser("teacher", help="write scripted-teacher trajectories for a split (SFT data)")
-    t.add_argument("config")
+    _experiment(t)
     t.add_argument("--split", default="train")
     t.add_argument("--out", required=True, type=Path)
-    _overrides(t)
     t.set_defaults(fn=commands.cmd_teacher)
 
 
 def _add_eval(sub: Any) -> None:
     e = sub.add_parser("eval", help="evaluate an agent on a split: EM, F1, searches, invalid actions")
-    e.add_argument("config")
+    _experiment(e)
     e.add_argument(
         "--agent", default=None, help="policy (default), teacher, or prm (PRM best-of-N, eval.best_of)"
     )
@@ -251,7 +304,6 @@ def _add_eval(sub: Any) -> None:
         default=None,
         help="model directory for the policy agent (default: the run's final model, else model.path)",
     )
-    _overrides(e)
     e.set_defaults(fn=commands.cmd_eval)
 
 
@@ -295,12 +347,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "launch":  # everything after the word goes to the launcher, options included
         words = list(sys.argv[1:] if argv is None else argv)
         args.rest, extra = words[words.index("launch") + 1 :], []
-    # KEY=VALUE overrides may come after options (argparse stops collecting positionals at an option)
-    if extra:
-        if not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides = [*args.overrides, *extra]
+    # files and KEY=VALUE overrides may come after options (argparse stops collecting positionals at one)
+    if extra or hasattr(args, "files") or getattr(args, "needs_file", False):
+        _sort_words(parser, args, extra)
     try:
+        if getattr(args, "needs_file", False) and args.config is None:
+            raise SearchRLError(
+                f"{args.command} needs an experiment file: searchrl {args.command} FILE [KEY=VALUE ...]"
+            )
         args.fn(args)
     except (SearchRLError, OSError) as exc:  # a user's error (config, data, arguments, files, ports)
         if args.debug:

@@ -34,13 +34,18 @@ def cmd_world(args: argparse.Namespace) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
-    from searchrl.app.experiment import check_arguments, check_paths, check_prompt_budget, load_experiment
+    from searchrl.app.checks import check_experiment
+    from searchrl.app.experiment import check_prompt_budget, load_experiment
 
-    # `validate FILE key=value ...` as `train FILE key=value ...`: a word with "=" that is no file is an override
-    files = [f for f in args.files if "=" not in f or Path(f).exists()]
-    overrides = [*args.set, *(f for f in args.files if f not in files)]
+    # `validate FILE [FILE ...] key=value ...` as `train FILE key=value ...` (cli._sort_words sorts the words)
+    files, overrides = list(args.files), [*args.set, *args.overrides]
     if not files:
         raise SearchRLError("validate needs an experiment file: searchrl validate FILE [KEY=VALUE ...]")
+    if overrides:  # a malformed override is the command line's error, named once, not each file's
+        from searchrl.core.loader import parse_assignment
+
+        for item in overrides:
+            parse_assignment(item)
     failed = 0
     for f in files:
         # --allow-missing: inputs named but not there yet (data files to download, a model an earlier run
@@ -48,14 +53,19 @@ def cmd_validate(args: argparse.Namespace) -> None:
         missing: list[MissingInput] | None = [] if args.allow_missing else None
         try:
             exp = load_experiment(f, overrides)
-            check_arguments(exp, f)
-            check_paths(exp, f, missing)
+            check_experiment(exp, f, missing)
             unchecked = (
                 check_prompt_budget(exp, f)
                 if not missing
                 else "its inputs are not there yet (checked by train)"
             )
             print(f"ok      {f}" + (f"  (prompt budget: {unchecked})" if unchecked and args.verbose else ""))
+            if args.print_config:  # what config.yaml of the run will hold
+                import yaml
+
+                from searchrl.core.config import to_dict
+
+                print(yaml.safe_dump(to_dict(exp), sort_keys=False), end="")
             for m in missing or []:
                 value = f" = {m.value}" if m.value is not None else ""
                 print(f"  missing input: {m.key}{value} ({m.problem})" + (f"; {m.hint}" if m.hint else ""))
@@ -68,8 +78,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
         except SearchRLError as exc:
             failed += 1
             print(f"invalid {exc}", file=sys.stderr)
-    if failed:
-        raise SystemExit(1)
+    if failed:  # a user error, as train's: exit 2
+        raise SystemExit(2)
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
@@ -327,7 +337,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from searchrl.app.experiment import check_arguments, check_paths, load_experiment
+    from searchrl.app.checks import check_experiment
+    from searchrl.app.experiment import load_experiment
     from searchrl.app.train import train
 
     if args.resume and args.force:
@@ -335,8 +346,14 @@ def cmd_train(args: argparse.Namespace) -> None:
             "--resume continues a run from its checkpoints and --force deletes them to start over: pass one"
         )
     exp = load_experiment(args.config, args.overrides)
-    resolved = check_arguments(exp, args.config)
-    check_paths(exp, args.config)
+    resolved = check_experiment(exp, args.config)
+    if args.dry_run:
+        from searchrl.app.dry_run import dry_run
+
+        for line in dry_run(exp, args.config, resolved):
+            print(f"  {line}")
+        print(f"dry run ok: {args.config}: every stage builds; nothing was trained")
+        return
     train(exp, resume=args.resume, force=args.force, resolved=resolved)
 
 

@@ -71,12 +71,8 @@ def _type_name(t: Any) -> str:
     return getattr(t, "__name__", str(t))
 
 
-def _default(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
+def _default(value: Any) -> str:
+    if value is dataclasses.MISSING:
         return "(required)"
     if dataclasses.is_dataclass(value):
         return "(section)"
@@ -84,8 +80,13 @@ def _default(f: dataclasses.Field) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
-    """(key, type, default, range, help) for every field of ``cls`` and of its nested sections."""
+def rows(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, str, str, str]]:
+    """(key, type, default, range, help) for every field of ``cls`` and of its nested sections. The default is
+    the effective one: a nested section's keys show the values of the instance its field defaults to
+    (``defaults``; e.g. the warm start's trainer, made by its ``default_factory``), which the loader merges a
+    partial section onto (`searchrl.core.config`)."""
+    from searchrl.core.config import field_default
+
     hints = typing.get_type_hints(cls)
     helps = _comments(cls)
     out: list[tuple[str, str, str, str, str]] = []
@@ -97,9 +98,22 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
         choices = f.metadata.get("choices") or f.metadata.get("registry")
         if choices:
             rng = f"a registered name ({choices})" + (f"; {rng}" if rng else "")
-        out.append((key, _type_name(t), _default(f), rng, helps.get(f.name, "")))
+        value = getattr(defaults, f.name) if defaults is not None else field_default(f)
+        out.append((key, _type_name(t), _default(value), rng, helps.get(f.name, "")))
         if nested and isinstance(nested[0], type) and typing.get_origin(t) is not tuple:
-            out += rows(nested[0], f"{key}.")
+            out += rows(nested[0], f"{key}.", value if dataclasses.is_dataclass(value) else None)
+    return out
+
+
+def algorithm_rows() -> dict[str, list[tuple[str, str, str, str, str]]]:
+    """Each registered algorithm's keys (``algorithm: {name: NAME, ...}``), from its ``Config`` dataclass."""
+    from searchrl.algorithms import ALGORITHMS
+
+    out = {}
+    for name in sorted(ALGORITHMS.names()):
+        cls = getattr(ALGORITHMS.get(name), "Config", None)
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            out[name] = rows(cls, "algorithm.")
     return out
 
 
@@ -113,8 +127,9 @@ def markdown() -> str:
         "Every key of an experiment file, generated from the schema (`src/searchrl/core/config.py`) when this",
         "site is built: its type, its default, the range the loader checks, and the comment written beside the",
         "field. Any key can be set on the command line (`searchrl train FILE key=value`); `searchrl validate FILE`",
-        "checks a file without running it. The algorithm's own keys (`algorithm: {name: grpo, ...}`) are its",
-        "`Config` dataclass's, listed on each algorithm's page.",
+        "checks a file without running it. A section given in part keeps the defaults of the keys it leaves out",
+        "(the defaults shown, which are the section's own: the warm start's trainer has its own). The algorithm's",
+        "keys (`algorithm: {name: grpo, ...}`) are its `Config` dataclass's, listed per algorithm at the end.",
         "",
     ]
     groups: dict[str, list[tuple[str, str, str, str, str]]] = {"the file itself": []}
@@ -124,14 +139,17 @@ def markdown() -> str:
         groups.setdefault(top, []).append(row)
     for top, group in groups.items():
         title = top if top == "the file itself" else f"`{top}`"
-        lines += [
-            "",
-            f"## {title}",
-            "",
-            "| key | type | default | range | what it is |",
-            "|---|---|---|---|---|",
-        ]
-        for key, kind, default, rng, help_ in group:
-            cells = [f"`{key}`", kind, f"`{default}`", rng, help_]
-            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        lines += ["", f"## {title}", ""]
+        lines += _table(group)
+    for name, group in algorithm_rows().items():
+        lines += ["", f"## `algorithm` with `name: {name}`", ""]
+        lines += _table([row for row in group if row[0] != "algorithm.name"])
     return "\n".join(lines) + "\n"
+
+
+def _table(group: list[tuple[str, str, str, str, str]]) -> list[str]:
+    lines = ["| key | type | default | range | what it is |", "|---|---|---|---|---|"]
+    for key, kind, default, rng, help_ in group:
+        cells = [f"`{key}`", kind, f"`{default}`", rng, help_]
+        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return lines

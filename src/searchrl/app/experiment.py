@@ -166,6 +166,31 @@ def check_paths(exp: Experiment, source: str = "<config>", missing: list[Missing
             )
 
 
+def check_model_template(exp: Experiment, source: str = "<config>") -> None:
+    """A local model directory's tokenizer against the protocol and template: the tool protocol and the chat
+    templates render through the model's chat template, so a tokenizer without one is refused here (as the
+    environment refuses it when a stage starts; hub ids are checked then)."""
+    from searchrl.app.resources import Resources
+    from searchrl.envs.tags import CHAT_TEMPLATES
+
+    e, m = exp.env, exp.model
+    if e.protocol != "tools" and e.template not in CHAT_TEMPLATES:
+        return
+    if (
+        m.path is None
+        or not _local_path(str(m.path))
+        or not (Path(m.path) / "tokenizer_config.json").exists()
+    ):
+        return
+    resources = Resources(exp)
+    try:
+        resources.tool_chat_format if e.protocol == "tools" else resources.chat_format  # noqa: B018
+    except ConfigError as exc:
+        raise ConfigError(
+            exc.problem, file=source, key=exc.key, value=exc.value, choices=exc.choices, hint=exc.hint
+        ) from None
+
+
 class _NoSearch:
     """The retriever of a prompt-only environment: rendering a prompt never searches."""
 

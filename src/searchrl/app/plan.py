@@ -12,6 +12,7 @@ algorithm, data source and starting model) and the evaluations, without loading 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -99,3 +100,55 @@ def plan(exp: Experiment, resolved: Resolved | None = None) -> Plan:
     else:
         evaluations += [Evaluation(f"{algo} best-of-{n}", start, guide=name, n=n) for n in exp.eval.best_of]
     return Plan(tuple(stages), tuple(evaluations), teacher_passes, str(process) if process else None)
+
+
+def check_stages(
+    exp: Experiment, resolved: Resolved, source: str = "<config>", world: int | None = None
+) -> None:
+    """What each training stage refuses when it starts, checked at load by the same functions the stage runs
+    (so `validate` and `train` cannot drift): the plan itself (`searchrl.app.plan.plan`), teacher data only
+    on the synthetic world, each stage's batch shape (`searchrl.engine.schedule.batch_shape`) on ``world``
+    processes (default: ``WORLD_SIZE``, as `accelerate launch` sets it, else 1), and a sampled softmax only
+    on the lean log-prob path."""
+    from searchrl.algorithms import requirements
+    from searchrl.engine.schedule import batch_shape
+
+    def at(exc: ConfigError, key: str | None = None) -> ConfigError:
+        return ConfigError(exc.problem, file=source, key=key or exc.key, value=exc.value, hint=exc.hint)
+
+    try:
+        p = plan(exp, resolved)
+    except ConfigError as exc:
+        raise at(exc) from None
+    if p.teacher_passes and exp.data.source != "synthetic":
+        raise ConfigError(
+            f"the SFT warm start trains on the synthetic world's scripted teacher, and data.source is "
+            f"{exp.data.source!r}",
+            file=source,
+            key="warm_start",
+            hint="warm_start: null (start from model.path), or warm_start: {checkpoint: DIR} (a model you "
+            "fine-tuned), or process data (process_data.out) for an SFT stage",
+        )
+    world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1") or 1)
+    for stage in p.stages:
+        section = "warm_start.trainer" if stage.name == WARM else "trainer"
+        req = requirements(stage.algorithm, stage.config, exp.env, source)
+        try:
+            batch_shape(stage.trainer, req, stage.algorithm, world)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{exc.problem} in the {stage.name} stage" + (f" on {world} processes" if world > 1 else ""),
+                file=source,
+                key=section if exc.key == "trainer" else (exc.key or section).replace("trainer", section, 1),
+                hint=f"{section}.batch_size is split over the processes, then times the rows each item "
+                f"gives ({req.samples_per_item} here), into {section}.mini_batches of "
+                f"{section}.micro_batch_size",
+            ) from None
+        if getattr(stage.config, "sampled_softmax", 0) and not stage.trainer.lean_logprobs:
+            raise ConfigError(
+                "a sampled softmax (sampled_softmax) needs the lean log-prob path",
+                file=source,
+                key=f"{section}.lean_logprobs",
+                value=False,
+                choices=["true"],
+            )

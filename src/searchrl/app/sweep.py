@@ -145,11 +145,16 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
 
 
 def check(sweep: Sweep) -> None:
-    """Every run's experiment loads and validates before anything starts."""
+    """Every run's experiment loads and validates before anything starts: its arguments and what each of its
+    stages would refuse at its start (paths are checked by each run: one may start from an earlier's model)."""
     from searchrl.app.experiment import check_arguments, load_experiment
+    from searchrl.app.plan import check_stages
 
     for r in sweep.runs:
-        check_arguments(load_experiment(r.config, list(r.overrides)), f"{r.config} (run {r.name})")
+        exp, where = load_experiment(r.config, list(r.overrides)), f"{r.config} (run {r.name})"
+        resolved = check_arguments(exp, where)
+        if exp.algorithm is not None:
+            check_stages(exp, resolved, where)
 
 
 def run_sweep(

@@ -606,7 +606,20 @@ def convert(tp: Any, value: Any, ctx: KeySources, key: str) -> Any:
     raise TypeError(f"config type {tp!r} at '{key}' is not supported")  # a bug in a section definition
 
 
-def _convert_dataclass(cls: Any, value: Any, ctx: KeySources, key: str) -> Any:
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default value (its factory's product for a ``default_factory``); MISSING when required."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _convert_dataclass(cls: Any, value: Any, ctx: KeySources, key: str, base: Any = None) -> Any:
+    """``value`` (a mapping) as section ``cls``. Keys it leaves out keep ``base``'s values (the section's
+    effective default), and a nested section it gives in part merges field by field onto that section's
+    default: ``warm_start: {trainer: {steps: 50}}`` keeps the warm start's own learning rate and schedule
+    (its ``default_factory``), not the plain `TrainerConfig`'s."""
     if isinstance(value, cls):
         return value
     if value is None:
@@ -618,6 +631,7 @@ def _convert_dataclass(cls: Any, value: Any, ctx: KeySources, key: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if cls is AlgorithmConfig:  # flat YAML: every key but name is an algorithm argument
         value = {"name": value.pop("name", AlgorithmConfig.name), "args": value}
+        base = None
     kwargs: dict[str, Any] = {}
     for k, v in value.items():
         sub = f"{key}.{k}" if key else str(k)
@@ -626,18 +640,27 @@ def _convert_dataclass(cls: Any, value: Any, ctx: KeySources, key: str) -> Any:
             raise ctx.error(
                 sub, "unknown key", value=k, choices=list(fields), **({"hint": hint} if hint else {})
             )
-        kwargs[k] = convert(hints[k], v, ctx, sub)
+        default = getattr(base, k) if base is not None else field_default(fields[k])
+        if (
+            isinstance(v, dict)
+            and dataclasses.is_dataclass(default)
+            and not isinstance(default, type)
+            and type(default) is not AlgorithmConfig
+        ):
+            kwargs[k] = _convert_dataclass(type(default), v, ctx, sub, base=default)
+        else:
+            kwargs[k] = convert(hints[k], v, ctx, sub)
         _check_names(fields[k], kwargs[k], ctx, sub)
         _check_range(fields[k], kwargs[k], ctx, sub)
     missing = [
         n
         for n, f in fields.items()
-        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if n not in kwargs and base is None and field_default(f) is dataclasses.MISSING
     ]
     if missing:
         raise ctx.error(f"{key}.{missing[0]}" if key else missing[0], "required key is missing")
     try:
-        obj = cls(**kwargs)
+        obj = dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
     except (ValueError, TypeError) as exc:
         raise ctx.error(key, str(exc)) from exc
     return obj

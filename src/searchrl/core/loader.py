@@ -134,9 +134,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: KeySources)
         key, value = parse_assignment(item)
         node = data
         parts = key.split(".")
-        for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
+        for i, p in enumerate(parts[:-1]):
+            if not isinstance(
+                node.get(p), dict
+            ):  # a section the override opens: its errors are the override's
                 node[p] = {}
+                ctx.source[".".join(parts[: i + 1])] = f"command line override '{item}'"
             node = node[p]
         old = node.get(parts[-1])  # a mapping merges into the section, as a file's `base:` does
         node[parts[-1]] = _merge({"_": old}, {"_": value})["_"] if isinstance(old, dict) else value
@@ -155,6 +158,11 @@ def read_experiment(
     if path is not None:
         data = _read_yaml(Path(path), ctx)
         ctx.source[""] = str(path)
+        if ctx.source.get("name") != str(Path(path)):
+            # a run's name is its own file's: a file that names none gets its file's stem, not a base's name
+            # (a file based on the quickstart would train into the quickstart's run directory)
+            data["name"] = Path(path).stem
+            ctx.source["name"] = f"{path} (its file name: `name` is not inherited from a base)"
     data = apply_overrides(data, list(overrides or []), ctx)
     refuse_secrets(data, ctx)
     exp = convert(Experiment, data, ctx, "")

@@ -1,0 +1,77 @@
+"""`validate` accepts exactly what `train --dry-run` builds (DESIGN invariant 14: what `validate` accepts,
+`train` starts): over every shipped experiment on the synthetic world and every template pointed at real-format
+files, each with a generated set of overrides (batch shapes, group sizes, token budgets, warm starts, the tool
+protocol), the two agree, and both refuse with the same one message."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from searchrl.app.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+SYNTHETIC = sorted(
+    [REPO / "experiments" / "quickstart.yaml", *(REPO / "experiments" / "synthetic").glob("*.yaml")]
+)
+TEMPLATES = sorted((REPO / "experiments" / "templates").glob("*.yaml"))
+
+CHOICES = {
+    "algorithm.group_size": [1, 2, 3, 4, 5],
+    "trainer.batch_size": [1, 2, 3, 4, 6],
+    "trainer.micro_batch_size": [1, 2, 4, 8, 32],
+    "trainer.mini_batches": [1, 2, 3],
+    "warm_start.trainer.batch_size": [2, 3, 32],
+    "warm_start.trainer.micro_batch_size": [4, 16],
+    "rollout.max_total_tokens": [24, 64, 4096],
+}
+
+
+def generated(seed: int, keys: list[str]) -> list[str]:
+    rng = random.Random(seed)
+    return [f"{k}={rng.choice(CHOICES[k])}" for k in keys if rng.random() < 0.5]
+
+
+def outcome(argv: list[str], capsys) -> str:
+    """ "ok", or the refusal's first line without its verb (`invalid …` from validate, `error: …` from train)."""
+    capsys.readouterr()
+    try:
+        main(argv)
+    except SystemExit as e:
+        err = capsys.readouterr().err
+        assert e.code == 2 and "Traceback" not in err, err
+        first = err.strip().splitlines()[0]
+        return first.removeprefix("invalid ").removeprefix("error: ")
+    return "ok"
+
+
+def cases(base: list[str], files: list[Path], per_file: int) -> list[tuple[Path, list[str]]]:
+    out = []
+    for i, f in enumerate(files):
+        keys = [k for k in CHOICES if not k.startswith("warm_start") or "template" not in str(f)]
+        out += [(f, base + generated(1000 * i + j, keys)) for j in range(per_file)]
+    return out
+
+
+def test_validate_accepts_exactly_what_a_dry_run_builds(
+    tmp_path, monkeypatch, capsys, world_dir, tiny_model_dir, qwen_model_dir, fixtures
+):
+    monkeypatch.chdir(tmp_path)
+    synthetic = [f"data.world_dir={world_dir}", f"model.path={tiny_model_dir}", "eval.limit=4"]
+    questions = fixtures / "flashrag.jsonl"
+    real = [
+        f"data.train={questions}",
+        f"data.test={questions}",
+        f"data.corpus={fixtures / 'corpus.jsonl'}",
+        f"model.path={qwen_model_dir}",
+    ]
+    checked, refused = 0, 0
+    for f, over in cases(synthetic, SYNTHETIC, 1) + cases(real, TEMPLATES, 4):
+        said = outcome(["validate", str(f), *over], capsys)
+        built = outcome(["train", str(f), "--dry-run", *over], capsys)
+        assert (said == "ok") == (built == "ok"), (f.name, over, said, built)
+        if said != "ok":
+            assert said == built, (f.name, over)  # the same refusal, named once
+            refused += 1
+        checked += 1
+    assert checked > 35 and 5 < refused < checked - 5  # both kinds of outcome were met
