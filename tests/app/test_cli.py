@@ -219,3 +219,24 @@ def test_dependency_deprecations_users_cannot_act_on_are_quiet():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "is deprecated" in out.stderr and out.stderr.count("deprecated") == 1  # only the unrelated one
+
+
+def test_every_command_and_option_says_what_it_is(capsys):
+    """`searchrl --help` and each command's help describe every command, argument and option; `--version`."""
+    import argparse
+
+    from searchrl.app.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    described = {c.dest: c.help for c in sub._choices_actions}
+    bare = [
+        f"{name} {a.option_strings or a.dest}"
+        for name, command in sub.choices.items()
+        for a in command._actions
+        if not isinstance(a, argparse._HelpAction) and not a.help
+    ]
+    assert not bare and all(described.get(name) for name in sub.choices), (bare, described)
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("searchrl ")

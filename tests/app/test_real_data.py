@@ -1,8 +1,8 @@
 """Real data end to end, as a user's first run on their own files: HotpotQA questions with their paragraphs
 (the official format, from the sample in ``../shared/data``, `SEARCHRL_SHARED_DATA`), BM25 over those
 paragraphs, a model directory as a download looks (a small random model at Qwen2.5's real vocabulary, with its
-tokenizer and chat template), LoRA; the templates users start from (`experiments/templates/`), GRPO and PPO a
-few steps each through `searchrl validate`, `train --dry-run` and `train`, then the papers' evaluation (EM and
+tokenizer and chat template), LoRA; the templates users start from (`experiments/templates/`: GRPO, PPO, and
+GRPO in the model's own tool-calling format through its chat template) a few steps each through `searchrl validate`, `train --dry-run` and `train`, then the papers' evaluation (EM and
 F1, standard normalisation) on several datasets in one command, one table row each. Deselected where the
 sample data is absent (the project does not require it)."""
 
@@ -18,7 +18,9 @@ from searchrl.app.cli import main
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("template, algorithm", [("qa_grpo", "grpo"), ("qa_ppo", "ppo")])
+@pytest.mark.parametrize(
+    "template, algorithm", [("qa_grpo", "grpo"), ("qa_ppo", "ppo"), ("qa_tools", "grpo")]
+)
 def test_hotpotqa_trains_with_lora_and_evaluates(
     template, algorithm, shared_data, qwen_model_dir, tmp_path, monkeypatch, capsys
 ):
@@ -52,7 +54,7 @@ def test_hotpotqa_trains_with_lora_and_evaluates(
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["train/sequences"] > 0 for r in rows)
     assert (run / "final" / "adapter_config.json").exists()  # LoRA
-    if algorithm != "grpo":
+    if template != "qa_grpo":
         return
     # the seven-dataset evaluation of the papers, over local files: one command, one row per dataset
     capsys.readouterr()

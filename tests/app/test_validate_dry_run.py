@@ -1,7 +1,8 @@
 """`validate` accepts exactly what `train --dry-run` builds (DESIGN invariant 14: what `validate` accepts,
-`train` starts): over every shipped experiment on the synthetic world and every template pointed at real-format
-files, each with a generated set of overrides (batch shapes, group sizes, token budgets, warm starts, the tool
-protocol), the two agree, and both refuse with the same one message."""
+`train` starts): over every shipped experiment (the synthetic world's, the templates and the papers' recipes
+pointed at real-format files), each with a generated set of overrides (batch shapes, group sizes, token
+budgets, warm starts, the tool protocol), the two agree, and both refuse with the same one message. The papers'
+recipes take local inputs in place of their hub models, data and retrieval server."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ SYNTHETIC = sorted(
     [REPO / "experiments" / "quickstart.yaml", *(REPO / "experiments" / "synthetic").glob("*.yaml")]
 )
 TEMPLATES = sorted((REPO / "experiments" / "templates").glob("*.yaml"))
+# the papers' GPU recipes, their inputs swapped for local ones (no hub, no retrieval server here)
+PAPER = sorted(f for f in (REPO / "experiments" / "paper").glob("*.yaml") if not f.name.startswith("_"))
 
 CHOICES = {
     "algorithm.group_size": [1, 2, 3, 4, 5],
@@ -65,8 +68,9 @@ def test_validate_accepts_exactly_what_a_dry_run_builds(
         f"data.corpus={fixtures / 'corpus.jsonl'}",
         f"model.path={qwen_model_dir}",
     ]
+    local = [*real, "data.source=flashrag", f"data.dev={questions}", "env.retriever={name: bm25}"]
     checked, refused = 0, 0
-    for f, over in cases(synthetic, SYNTHETIC, 1) + cases(real, TEMPLATES, 4):
+    for f, over in cases(synthetic, SYNTHETIC, 1) + cases(real, TEMPLATES, 4) + cases(local, PAPER, 1):
         said = outcome(["validate", str(f), *over], capsys)
         built = outcome(["train", str(f), "--dry-run", *over], capsys)
         assert (said == "ok") == (built == "ok"), (f.name, over, said, built)
@@ -74,4 +78,4 @@ def test_validate_accepts_exactly_what_a_dry_run_builds(
             assert said == built, (f.name, over)  # the same refusal, named once
             refused += 1
         checked += 1
-    assert checked > 35 and 5 < refused < checked - 5  # both kinds of outcome were met
+    assert checked > 50 and 5 < refused < checked - 5  # both kinds of outcome were met

@@ -86,8 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_world(sub: Any) -> None:
     w = sub.add_parser("world", help="generate a synthetic multi-hop world (corpus + questions)")
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--out", required=True, type=Path)
+    w.add_argument(
+        "--seed", type=int, default=0, help="the world's random seed (the same seed gives the same world)"
+    )
+    w.add_argument(
+        "--out", required=True, type=Path, help="the world's directory (world.json, corpus, questions)"
+    )
     w.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="world settings, e.g. persons=200")
     w.set_defaults(fn=commands.cmd_world)
 
@@ -150,8 +154,12 @@ def _add_build_model(sub: Any) -> None:
         "at Qwen2.5's shapes (qwen2.5-0.5b, -1.5b, -7b) for memory and speed checks",
     )
     b.add_argument("--world", type=Path, help="a world directory (default: the config's world)")
-    b.add_argument("--size", default="small")
-    b.add_argument("--out", required=True, type=Path)
+    b.add_argument(
+        "--size",
+        default="small",
+        help="the model's shape: tiny, small, base, or qwen2.5-0.5b / -1.5b / -7b (random weights)",
+    )
+    b.add_argument("--out", required=True, type=Path, help="the model directory to write (save_pretrained)")
     b.add_argument(
         "--tokenizer",
         choices=["local", "qwen2.5", "qwen3"],
@@ -159,11 +167,15 @@ def _add_build_model(sub: Any) -> None:
         help="local: trained on the world (default for the small sizes); qwen2.5 (default for the qwen sizes), "
         "qwen3: Qwen's vocabulary, no world needed (the qwen extra)",
     )
-    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    b.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="the weights' dtype"
+    )
     b.add_argument(
         "--device", default="cpu", help="where the weights are drawn (cuda: a 7B shape in seconds)"
     )
-    b.add_argument("--config", default=None)
+    b.add_argument(
+        "--config", default=None, help="an experiment file whose world and model settings to build from"
+    )
     _overrides(b)
     b.set_defaults(fn=commands.cmd_build_model)
 
@@ -172,16 +184,20 @@ def _add_tokenizer(sub: Any) -> None:
     k = sub.add_parser(
         "tokenizer", help="write a real model's tokenizer offline (Qwen2.5's or Qwen3's, from the qwen extra)"
     )
-    k.add_argument("name", choices=["qwen2.5", "qwen3"])
-    k.add_argument("--out", required=True, type=Path)
+    k.add_argument("name", choices=["qwen2.5", "qwen3"], help="the vocabulary")
+    k.add_argument("--out", required=True, type=Path, help="the directory to write the tokenizer to")
     k.set_defaults(fn=commands.cmd_tokenizer)
 
 
 def _add_index(sub: Any) -> None:
     i = sub.add_parser("index", help="build and save a BM25 or dense index of a corpus")
-    i.add_argument("--retriever", default="bm25")
-    i.add_argument("--corpus", required=True)
-    i.add_argument("--out", required=True, type=Path)
+    i.add_argument("--retriever", default="bm25", help="bm25, tantivy or dense")
+    i.add_argument(
+        "--corpus",
+        required=True,
+        help="the corpus file (JSONL of id and contents, or JSON of title and text)",
+    )
+    i.add_argument("--out", required=True, type=Path, help="the index directory to write")
     i.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="retriever argument")
     i.add_argument(
         "--index-type",
@@ -192,12 +208,16 @@ def _add_index(sub: Any) -> None:
 
 def _add_serve_retriever(sub: Any) -> None:
     s = sub.add_parser("serve-retriever", help="serve a retriever over Search-R1's HTTP protocol")
-    s.add_argument("--retriever", default="bm25")
-    s.add_argument("--corpus")
-    s.add_argument("--index")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument(
+        "--retriever",
+        default="bm25",
+        help="the retriever to serve: bm25, tantivy, dense (with --corpus) or a saved --index",
+    )
+    s.add_argument("--corpus", help="a corpus file to index at start (or --index)")
+    s.add_argument("--index", help="a directory written by `searchrl index`")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="retriever argument")
     s.add_argument("--max-queries", type=_positive(int), default=1024, help="queries per request, at most")
     s.add_argument("--max-topk", type=_positive(int), default=100, help="documents per query, at most")
     s.add_argument(
@@ -218,8 +238,8 @@ def _add_serve_model(sub: Any) -> None:
     m.add_argument(
         "--name", default=None, help="the model name reported to clients (default: directory name)"
     )
-    m.add_argument("--host", default="127.0.0.1")
-    m.add_argument("--port", type=int, default=8001)
+    m.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    m.add_argument("--port", type=int, default=8001, help="port to listen on (0: any free port)")
     m.add_argument("--max-tokens", type=_positive(int), default=1024, help="cap on a request's max_tokens")
     m.add_argument(
         "--timeout", type=_positive(float), default=300.0, help="seconds a request may take (then HTTP 504)"
@@ -236,20 +256,20 @@ def _add_collect_process_data(sub: Any) -> None:
 
 def _add_sweep(sub: Any) -> None:
     w = sub.add_parser("sweep", help="run a grid of experiments (resumable; failures recorded, not fatal)")
-    w.add_argument("sweep")
+    w.add_argument("sweep", help="the sweep YAML file (base experiment, variants, grid)")
     w.add_argument("--jobs", type=int, default=1, help="runs at once on this machine")
     w.add_argument("--dry-run", action="store_true", help="list the runs and their commands")
     w.add_argument(
         "--launch-config", default=None, help="start each run with accelerate launch --config_file"
     )
-    w.add_argument("--root", default="runs/sweeps")
+    w.add_argument("--root", default="runs/sweeps", help="the directory the runs are written under")
     w.set_defaults(fn=commands.cmd_sweep)
 
 
 def _add_report(sub: Any) -> None:
     r = sub.add_parser("report", help="tables, plots and an HTML page from runs or sweeps")
-    r.add_argument("dirs", nargs="+")
-    r.add_argument("--out", default="report")
+    r.add_argument("dirs", nargs="+", help="run or sweep directories")
+    r.add_argument("--out", default="report", help="the report's directory")
     r.set_defaults(fn=commands.cmd_report)
 
 
@@ -277,8 +297,8 @@ def _add_view(sub: Any) -> None:
 def _add_teacher(sub: Any) -> None:
     t = sub.add_parser("teacher", help="write scripted-teacher trajectories for a split (SFT data)")
     _experiment(t)
-    t.add_argument("--split", default="train")
-    t.add_argument("--out", required=True, type=Path)
+    t.add_argument("--split", default="train", help="the split whose questions the teacher answers")
+    t.add_argument("--out", required=True, type=Path, help="the JSONL file to write")
     t.set_defaults(fn=commands.cmd_teacher)
 
 
@@ -288,7 +308,7 @@ def _add_eval(sub: Any) -> None:
     e.add_argument(
         "--agent", default=None, help="policy (default), teacher, or prm (PRM best-of-N, eval.best_of)"
     )
-    e.add_argument("--split", default=None)
+    e.add_argument("--split", default=None, help="the split to evaluate on (default: eval.split)")
     e.add_argument(
         "--data",
         action="append",
@@ -317,7 +337,12 @@ def _add_launch(sub: Any) -> None:
         "2 on a user error, 1 on a crash; the processes get the experiment's trainer.preempt_grace_s + 60 s to "
         "save before SIGKILL. See docs/distributed.md.",
     )
-    la.add_argument("rest", nargs=argparse.REMAINDER, metavar="[ACCELERATE OPTIONS] COMMAND ...")
+    la.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        metavar="[ACCELERATE OPTIONS] COMMAND ...",
+        help="any `accelerate launch` option, then the command (train FILE ...)",
+    )
     la.set_defaults(fn=commands.cmd_launch)
 
 
