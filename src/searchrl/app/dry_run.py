@@ -20,21 +20,18 @@ from searchrl.core.errors import ConfigError
 
 
 def dry_run(exp: Experiment, source: str, resolved: Any) -> list[str]:
-    """The checks above, in the order `train` meets them; a line per thing built. Raises what `train` would."""
+    """The checks above, in the order `train` meets them, on an experiment `searchrl.app.checks.check_experiment`
+    accepted (``resolved``: what it returned); a line per thing built. Raises what `train` would."""
     from searchrl.algorithms import requirements
     from searchrl.app.experiment import _local_path
-    from searchrl.app.plan import WARM, check_stages, plan
+    from searchrl.app.plan import WARM, plan
     from searchrl.app.resources import Resources
     from searchrl.app.rundir import check_run_dir
     from searchrl.engine.schedule import batch_shape
 
-    def at(exc: ConfigError) -> ConfigError:
-        return ConfigError(exc.problem, file=source, key=exc.key, value=exc.value, hint=exc.hint)
-
     lines: list[str] = []
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    check_stages(exp, resolved, source, world)
-    p = plan(exp, resolved)
+    p = plan(exp, resolved)  # `check_experiment` (app.checks) has already run the stage checks on it
     try:
         check_run_dir(exp, force=False, resume=True)  # a directory trained with another config
         resources = Resources(exp)
@@ -42,7 +39,7 @@ def dry_run(exp: Experiment, source: str, resolved: Any) -> list[str]:
         splits = sorted({exp.eval.split} | ({"train"} if online or p.teacher_passes else set()))
         examples = {split: resources.examples(split) for split in splits}
         lines += [f"data: {len(v)} {k} questions" for k, v in examples.items()]
-        if not examples.get("train", [None]) and online:
+        if online and not examples["train"]:
             raise ConfigError("no train questions", key="data.train")
         remote = exp.model.path is not None and not _local_path(str(exp.model.path))
         if remote:
@@ -70,7 +67,7 @@ def dry_run(exp: Experiment, source: str, resolved: Any) -> list[str]:
                 f"{micro}, {accum} accumulated"
             )
     except ConfigError as exc:
-        raise at(exc) from None
+        raise exc.at(source) from None
     return lines
 
 

@@ -186,9 +186,7 @@ def check_model_template(exp: Experiment, source: str = "<config>") -> None:
     try:
         resources.tool_chat_format if e.protocol == "tools" else resources.chat_format  # noqa: B018
     except ConfigError as exc:
-        raise ConfigError(
-            exc.problem, file=source, key=exc.key, value=exc.value, choices=exc.choices, hint=exc.hint
-        ) from None
+        raise exc.at(source) from None
 
 
 class _NoSearch:
@@ -238,7 +236,7 @@ def check_prompt_budget(exp: Experiment, source: str = "<config>") -> str | None
             exp.rollout.max_total_tokens,
         )
     except ConfigError as exc:
-        raise ConfigError(exc.problem, file=source, key=exc.key, value=exc.value, hint=exc.hint) from None
+        raise exc.at(source) from None
     return None
 
 

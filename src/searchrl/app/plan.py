@@ -113,13 +113,10 @@ def check_stages(
     from searchrl.algorithms import requirements
     from searchrl.engine.schedule import batch_shape
 
-    def at(exc: ConfigError, key: str | None = None) -> ConfigError:
-        return ConfigError(exc.problem, file=source, key=key or exc.key, value=exc.value, hint=exc.hint)
-
     try:
         p = plan(exp, resolved)
     except ConfigError as exc:
-        raise at(exc) from None
+        raise exc.at(source) from None
     if p.teacher_passes and exp.data.source != "synthetic":
         raise ConfigError(
             f"the SFT warm start trains on the synthetic world's scripted teacher, and data.source is "

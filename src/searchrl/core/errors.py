@@ -47,6 +47,18 @@ class ConfigError(SearchRLError, ValueError):
             parts.append(f"  hint: {hint}")
         super().__init__("\n".join(parts))
 
+    def at(self, file: str, key: str | None = None) -> ConfigError:
+        """The same error attributed to ``file`` (a check that ran without knowing it), its key optionally
+        renamed; the class is kept (a `MissingInput` stays one)."""
+        return type(self)(
+            self.problem,
+            file=file,
+            key=key or self.key,
+            value=self.value,
+            choices=self.choices,
+            hint=self.hint,
+        )
+
 
 class MissingInput(ConfigError):
     """A file or directory the experiment reads is not there (yet): a question file not downloaded, a model

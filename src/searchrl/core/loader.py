@@ -135,9 +135,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], ctx: KeySources)
         node = data
         parts = key.split(".")
         for i, p in enumerate(parts[:-1]):
-            if not isinstance(
-                node.get(p), dict
-            ):  # a section the override opens: its errors are the override's
+            # a section the override opens: its errors are the override's, not the file's
+            if not isinstance(node.get(p), dict):
                 node[p] = {}
                 ctx.source[".".join(parts[: i + 1])] = f"command line override '{item}'"
             node = node[p]
