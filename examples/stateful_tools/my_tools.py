@@ -1,5 +1,5 @@
 """Tools that keep state across an episode's calls (`searchrl.envs.python_tools.class_tools`): one `Library`
-per episode, made at its first call. The agent searches, keeps the documents it wants in a shortlist, reads
+per episode, made when the episode starts. The agent searches, keeps the documents it wants in a shortlist, reads
 its shortlist back, and is paid a small bonus when its answer appears in a document it kept: a reward the
 environment owns (the ``tool_env`` reward), beside the answer's exact match."""
 

@@ -4,11 +4,12 @@ listed by the client and called by an episode of the tool protocol."""
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
 from searchrl.core.config import ToolSpec
-from searchrl.core.errors import ConfigError, DataError
+from searchrl.core.errors import ConfigError, DataError, SearchRLError
 from searchrl.data.example import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.tool_env import ToolEnv
@@ -19,9 +20,9 @@ from .test_tools import CountingRetriever, call
 pytest.importorskip("mcp")
 
 
-@pytest.fixture(scope="module")
-def connections(fixtures):
-    server = [
+def our_server(fixtures) -> list[str]:
+    """`searchrl serve-retriever --mcp stdio` over the fixture corpus."""
+    return [
         sys.executable,
         "-m",
         "searchrl",
@@ -31,6 +32,11 @@ def connections(fixtures):
         "--corpus",
         str(fixtures / "corpus.jsonl"),
     ]
+
+
+@pytest.fixture(scope="module")
+def connections(fixtures):
+    server = our_server(fixtures)
     conns: dict = {}
     specs = [ToolSpec("mcp", {"server": server, "include": ["search"]})]
     yield specs, conns
@@ -167,9 +173,18 @@ def test_an_mcp_servers_file_and_the_documents_of_an_mcp_search(qwen_tok, fixtur
         doc = load_corpus(fixtures / "corpus.jsonl")[0]
         state = env.reset(Example(id="q", question="Who?", answers=("x",)))
         query = " ".join(doc.text.split()[:8])
-        _obs, _, info = env.step(state, f"{call('search', query=query, k=5)}<|im_end|>", stopped=True)
-        assert info.valid and doc.id in info.doc_ids and len(info.doc_ids) == 2  # k held to --max-topk 2
+        _obs, _, info = env.step(state, f"{call('search', query=query, k=2)}<|im_end|>", stopped=True)
+        assert info.valid and doc.id in info.doc_ids and len(info.doc_ids) == 2
         assert [d.id for d in state.retrieved[-1]] == list(info.doc_ids)
+        # past --max-topk 2, below 1, or with an argument search does not take: refused with the reason
+        for k in (5, -1):
+            obs, _, info = env.step(state, f"{call('search', query=query, k=k)}<|im_end|>", stopped=True)
+            assert info.failures == ("tool_error",) and "k" in obs and info.doc_ids == ()
+        from searchrl.envs.mcp import _result
+
+        [conn] = conns.values()
+        extra = _result(conn.call([("search", {"query": query, "extra": 1})])[0])
+        assert extra.error == "tool_error" and "extra" in extra.text
     finally:
         for c in conns.values():
             c.close()
@@ -188,3 +203,66 @@ def test_a_result_of_images_alone_says_so():
     r = SimpleNamespace(content=[SimpleNamespace(type="image", data="...")], is_error=False)
     out = _result(r)
     assert out.error == "non_text_result" and "image" in out.text and "text only" in out.text
+
+
+def test_a_dead_server_is_reconnected_and_connecting_has_its_own_bound(fixtures, monkeypatch):
+    """A server that takes longer to start than a call may take still connects (``connect_timeout``); after
+    it dies, the next batch of calls opens a new session (at most every ``retry_every`` seconds)."""
+    from searchrl.envs.mcp import MCPConnection, _result
+
+    monkeypatch.setenv("SLOW_START", "2")
+    conn = MCPConnection(
+        [sys.executable, str(fixtures / "mcp_tools_server.py")],
+        timeout=1.0,
+        connect_timeout=60.0,
+        retry_every=0.0,
+    )
+    try:
+        assert _result(conn.call([("echo", {"text": "a"})])[0]).text == "a"
+        died = _result(conn.call([("die", {})])[0])
+        assert died.error == "tool_error"
+        for _ in range(50):  # the client notices the ended session
+            if conn._main.done():
+                break
+            time.sleep(0.1)
+        back = _result(conn.call([("echo", {"text": "again"})])[0])
+        assert back.text == "again" and conn.reconnects == 1
+    finally:
+        conn.close()
+    monkeypatch.setenv("SLOW_START", "5")
+    with pytest.raises(SearchRLError, match="within 1 s"):
+        MCPConnection(
+            [sys.executable, str(fixtures / "mcp_tools_server.py")], timeout=30.0, connect_timeout=1.0
+        )
+
+
+def test_our_servers_errors_keep_their_reason(fixtures):
+    from searchrl.envs.mcp import MCPConnection, _result
+
+    server = our_server(fixtures)
+    conn = MCPConnection(server, timeout=30.0)
+    try:
+        long = _result(conn.call([("search", {"query": "x" * 5000})])[0])
+        empty = _result(conn.call([("search", {"query": "   "})])[0])
+        assert long.error == "tool_error" and "at most 4096" in long.text
+        assert empty.error == "tool_error" and "empty" in empty.text
+    finally:
+        conn.close()
+
+
+def test_max_queries_is_refused_with_mcp(fixtures, capsys):
+    from searchrl.app.cli import main
+
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "serve-retriever",
+                "--mcp",
+                "stdio",
+                "--max-queries",
+                "4",
+                "--corpus",
+                str(fixtures / "corpus.jsonl"),
+            ]
+        )
+    assert "--max-queries bounds the queries of one HTTP request" in capsys.readouterr().err

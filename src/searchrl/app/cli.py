@@ -218,7 +218,12 @@ def _add_serve_retriever(sub: Any) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="retriever argument")
-    s.add_argument("--max-queries", type=_positive(int), default=1024, help="queries per request, at most")
+    s.add_argument(
+        "--max-queries",
+        type=_positive(int),
+        default=None,
+        help="queries per HTTP request, at most (default 1024; not with --mcp, whose calls are one query each)",
+    )
     s.add_argument("--max-topk", type=_positive(int), default=100, help="documents per query, at most")
     s.add_argument(
         "--timeout", type=_positive(float), default=60.0, help="seconds a request may take (then HTTP 504)"

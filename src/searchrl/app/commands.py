@@ -185,6 +185,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
             f"--index {args.index}: {'is not a directory' if Path(args.index).exists() else 'not found'}; "
             "pass the directory `searchrl index --out DIR` wrote"
         )
+    if args.mcp is not None and args.max_queries is not None:
+        raise SearchRLError(
+            "--max-queries bounds the queries of one HTTP request; an MCP call is one query (bound its "
+            "documents with --max-topk and its time with --timeout)"
+        )
     if args.mcp != "stdio":
         _check_port(args.port)
     retriever = build_retriever(
@@ -216,7 +221,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         retriever,
         args.host,
         args.port,
-        max_queries=args.max_queries,
+        max_queries=args.max_queries or 1024,
         max_topk=args.max_topk,
         timeout=args.timeout,
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.core.config import Experiment
-from searchrl.core.errors import ConfigError
+from searchrl.core.errors import ConfigError, DataError
 from searchrl.data.corpus import Doc, load_corpus
 from searchrl.data.example import Example
 from searchrl.data.loaders import load_examples
@@ -184,6 +184,12 @@ class Resources:
                 choices=["tags"],
                 hint="use an instruct model's tokenizer (Qwen2.5/Qwen3 instruct), or model.tokenizer: local / qwen2.5 / qwen3",
             )
+        from searchrl.envs.call_formats import resolve
+
+        try:
+            resolve(self.exp.env.call_format, tok.chat_template)
+        except DataError as exc:
+            raise ConfigError(str(exc), key="env.call_format", value=self.exp.env.call_format) from None
         return ChatFormat(tok, self.exp.env.chat_kwargs)
 
     @cached_property

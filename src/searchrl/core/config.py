@@ -289,7 +289,8 @@ class GuardConfig:
     (``max_drop``) must not fall more than that below the highest such mean since the run (or its last
     rollback) started: a reward that crashes from wherever it had climbed to."""
 
-    # a monitor (entropy, kl, length, reward, grad_norm, loss, tool_calls) or any metrics.jsonl key, e.g. train/clip_frac
+    # a monitor (entropy, kl, length, reward, grad_norm, loss, tool_calls, tool_errors) or any metrics.jsonl key,
+    # e.g. train/clip_frac
     metric: str
     min: float | None = None
     max: float | None = None

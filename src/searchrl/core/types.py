@@ -30,6 +30,8 @@ class StepInfo:
     calls: tuple[str, ...] = ()  # the tool protocol: the tools this turn called and ran, in order
     # a search holding several queries (``env.query_separator``, ParallelSearch): each, in order; () otherwise
     queries: tuple[str, ...] = ()
+    # the tool protocol: why calls that ran failed (tool errors, timeouts, …; `envs.tools.TOOL_FAILURES`)
+    failures: tuple[str, ...] = ()
 
     @property
     def subqueries(self) -> tuple[str, ...]:
@@ -55,6 +57,7 @@ class EnvState:
     # the tool protocol's per-episode tool objects (`envs.python_tools.class_tools`), by the tool spec's name
     tool_objects: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     tool_reward: float | None = None  # their rewards' sum, read when the episode ended
+    intro: str = ""  # what their reset() returned, appended to the user's message (TRL's environment_factory)
 
     @property
     def answer(self) -> str | None:

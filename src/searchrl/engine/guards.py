@@ -38,6 +38,7 @@ MONITORS = {
     "grad_norm": "train/grad_norm",
     "loss": "train/loss",
     "tool_calls": "rollout/tool_calls_per_episode",  # the tool protocol: a run that stops calling tools
+    "tool_errors": "tool/error_rate",  # the tool protocol: tools that fail (a dead server, a broken tool)
 }
 
 

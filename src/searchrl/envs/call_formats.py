@@ -26,6 +26,7 @@ import json
 import re
 from typing import Any
 
+from searchrl.core.errors import DataError
 from searchrl.envs.tools import CLOSE, OPEN, Tool, ToolCall, _loads, _one_call, parse_tool_calls
 
 FORMATS = ("hermes", "qwen3_coder", "llama3_json")
@@ -33,11 +34,25 @@ _FUNCTION = re.compile(r"<function=([^>\n]{1,200})>(.*?)(?:</function>|\Z)", re.
 _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
 
 
+# chat-template families whose tool calls the tool protocol does not read yet: refused, not read as Hermes
+UNSUPPORTED = {
+    "glm45": ("GLM-4.5", "<arg_key>"),
+    "deepseek": ("DeepSeek", "tool\u2581calls\u2581begin"),
+    "gpt_oss": ("gpt-oss (harmony)", "<|channel|>"),
+    "gemma": ("Gemma", "<start_of_turn>"),
+    "gemma4": ("Gemma 4", "<|tool_call>"),
+}
+
+
 def detect(template: str | None) -> str:
-    """The call format a chat template teaches (``hermes`` when it says nothing we know)."""
+    """The call format a chat template teaches (``hermes`` when it says nothing we know); one of
+    `UNSUPPORTED`'s names for a family we know but do not read (`resolve` refuses it)."""
     text = template or ""
     if "<function=" in text and "<parameter=" in text:
         return "qwen3_coder"
+    for name, (_, marker) in UNSUPPORTED.items():
+        if marker in text:
+            return name
     if (
         "<|start_header_id|>" in text
         and ('"parameters"' in text or "parameters" in text)
@@ -45,6 +60,23 @@ def detect(template: str | None) -> str:
     ):
         return "llama3_json"
     return "hermes"
+
+
+def resolve(call_format: str, template: str | None) -> str:
+    """The call format to read: ``call_format`` itself, or for ``auto`` the chat template's (`detect`). A
+    template of a family we do not read is refused, naming it, rather than read as Hermes."""
+    if call_format != "auto":
+        if call_format not in FORMATS:
+            raise DataError(f"call_format must be auto or one of {', '.join(FORMATS)}, got {call_format!r}")
+        return call_format
+    found = detect(template)
+    if found in UNSUPPORTED:
+        raise DataError(
+            f"the chat template writes tool calls in {UNSUPPORTED[found][0]}'s format, which the tool protocol "
+            f"does not read yet (it reads {', '.join(FORMATS)}); set env.call_format to one of those if the "
+            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+)"
+        )
+    return found
 
 
 def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None) -> list[ToolCall]:

@@ -6,15 +6,25 @@ The conversation is never re-rendered (docs/design.md §4.11): the tool messages
 stand-in conversation, after the stand-in assistant turn's end-of-turn marker, so it is exactly what the
 template writes there, and it is appended after what the model sampled. Templates that rewrite earlier
 assistant turns (Qwen3 drops or re-spaces reasoning, re-serialises tool-call JSON) cannot change the past.
+
+Templates differ in what they keep of a tool-calling turn: Meta's Llama 3.1 / 3.2 templates drop its content
+(the stand-in is then found by the prompt it follows) and take one call per turn (the tool messages of a turn
+with several calls are then rendered after a one-call stand-in: they do not depend on the calls). Templates whose
+generation prompt opens the reasoning (``<think>\n``: Qwen3.5 thinking, Qwen3.6, Qwen3.8, Nemotron 3) are
+marked `opens_think`: the sampled turn starts inside its reasoning. What a tool returned is text: a special
+token's text in it (``<|im_end|>``) is broken up with a zero-width space so that it tokenizes as text, not as
+the token that ends a turn.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from searchrl.core.errors import DataError
 
 _MARK = "\u2063searchrl-stand-in\u2063"  # content no real turn contains (invisible separators around it)
+_ZWSP = "\u200b"  # zero-width space: splits a special token's text in a tool result
 
 
 class ChatFormat:
@@ -27,6 +37,8 @@ class ChatFormat:
             )
         self.tokenizer, self.kwargs = tokenizer, dict(template_kwargs or {})
         self.end_of_turn = self._end_of_turn()
+        self.opens_think = self._opens_think()
+        self._specials = _special_pattern(tokenizer)
 
     @classmethod
     def from_template(cls, template: str, template_kwargs: dict[str, Any] | None = None) -> ChatFormat:
@@ -68,18 +80,62 @@ class ChatFormat:
             raise DataError("the chat template writes nothing after an assistant turn: no end-of-turn marker")
         return end
 
+    def _opens_think(self) -> bool:
+        """Whether the generation prompt leaves a ``<think>`` open: the model's turn starts in its reasoning."""
+        user = [{"role": "user", "content": "q"}]
+        opened, closed = self.render(user), self.render(user, opened=False)
+        tail = opened[len(closed) :] if opened.startswith(closed) else opened[opened.rfind("q") + 1 :]
+        at = tail.rfind("<think>")
+        return at >= 0 and "</think>" not in tail[at:]
+
+    def escape(self, text: str) -> str:
+        """``text`` (what a tool returned) with every special token's text broken up by a zero-width space,
+        so that it tokenizes as text: a ``<|im_end|>`` in a document must not end the turn in the ids."""
+        if self._specials is None:
+            return text
+        return self._specials.sub(lambda m: m.group(0)[0] + _ZWSP + m.group(0)[1:], text.replace(_MARK, ""))
+
     def after_tool_calls(self, calls: list[tuple[str, dict[str, Any]]], results: list[str]) -> str:
         """What the template writes after an assistant turn that made ``calls`` (name, arguments), up to
         the next assistant turn opened: the end of that turn (Qwen: a newline), the tool messages holding
-        ``results``, and the generation prompt. The model's own end-of-turn token is not in it."""
-        stand_in = {
-            "role": "assistant",
-            "content": _MARK,
-            "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls],
-        }
-        tool_msgs = [{"role": "tool", "name": n, "content": r} for (n, _), r in zip(calls, results)]
-        text = self.render([{"role": "user", "content": "q"}, stand_in, *tool_msgs])
-        at = text.find(self.end_of_turn, text.rfind(_MARK))
+        ``results`` (escaped: `escape`), and the generation prompt. The model's own end-of-turn token is not
+        in it.
+
+        The stand-in turn carries the calls' names with empty arguments: what the model wrote is already in
+        the ids, and an argument holding the end-of-turn text must not end the stand-in early."""
+        tool_msgs = [
+            {"role": "tool", "name": n, "content": self.escape(r)} for (n, _), r in zip(calls, results)
+        ]
+        try:
+            text = self.render([{"role": "user", "content": "q"}, _stand_in(calls), *tool_msgs])
+        except Exception:  # a template that takes one call per turn (Meta's Llama 3.1 / 3.2)
+            text = self.render([{"role": "user", "content": "q"}, _stand_in(calls[:1]), *tool_msgs])
+        start = text.find(_MARK)
+        if start < 0:  # the template drops a tool-calling turn's content: the turn starts after the prompt
+            prompt = self.render([{"role": "user", "content": "q"}])
+            start = len(prompt) if text.startswith(prompt) else -1
+        at = text.find(self.end_of_turn, start) if start >= 0 else -1
         if at < 0:
             raise DataError(f"the chat template did not close the assistant turn with {self.end_of_turn!r}")
         return text[at + len(self.end_of_turn) :]
+
+
+def _stand_in(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": _MARK,
+        "tool_calls": [{"type": "function", "function": {"name": n, "arguments": {}}} for n, _ in calls],
+    }
+
+
+def _special_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """A pattern matching the text of every special token the tokenizer parses out of text (its added
+    tokens marked special: ``<|im_end|>``, ``<|eot_id|>``, …), longest first."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts = {
+        str(t.content) for t in decoder.values() if getattr(t, "special", False) and len(str(t.content)) > 1
+    }
+    texts |= {str(t) for t in getattr(tokenizer, "all_special_tokens", ()) if len(str(t)) > 1}
+    if not texts:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))

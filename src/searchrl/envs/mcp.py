@@ -3,7 +3,10 @@ lazily; ``pip install "searchrl[mcp]"``), and our retriever served as one (``sea
 
 `MCPConnection` keeps one client session to a server for the whole run, on an event loop in its own thread,
 so the environment's synchronous steps can call it: a batch of calls is sent concurrently and waited for.
-The server is a URL (streamable HTTP) or a command line (a subprocess spoken to over stdio).
+The server is a URL (streamable HTTP) or a command line (a subprocess spoken to over stdio). Connecting has
+its own bound (``connect_timeout``: a server that takes a minute to load its index can still have short
+calls); a session that ended (the server died, the network dropped) is opened again at the next batch of
+calls, at most once every ``retry_every`` seconds, and until then its calls read why.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +27,8 @@ from searchrl.core.errors import DataError, SearchRLError
 from searchrl.core.types import EnvState
 from searchrl.data.corpus import Doc
 from searchrl.envs.tools import Tool, ToolResult, format_tool_docs
+
+log = logging.getLogger(__name__)
 
 
 def _sdk() -> Any:
@@ -43,11 +50,14 @@ class MCPConnection:
         cwd: str | None = None,
         headers: dict[str, str] | None = None,
         inherit_env: bool = True,
+        connect_timeout: float = 120.0,
+        retry_every: float = 5.0,
     ) -> None:
         """``server``: a URL (streamable HTTP; ``headers`` sent with every request) or a command line (stdio;
         run in ``cwd`` with the trainer's environment variables, ``HF_HUB_OFFLINE``, API keys and
-        ``CUDA_VISIBLE_DEVICES`` among them, plus ``env``; ``inherit_env: false`` gives it ``env`` alone)."""
-        mcp = _sdk()
+        ``CUDA_VISIBLE_DEVICES`` among them, plus ``env``; ``inherit_env: false`` gives it ``env`` alone).
+        ``timeout`` bounds each call, ``connect_timeout`` starting the server and listing its tools."""
+        mcp = self._mcp = _sdk()
         self.headers = dict(headers or {})
         if isinstance(server, str) and server.startswith(("http://", "https://")):
             self.target: Any = server
@@ -58,19 +68,32 @@ class MCPConnection:
             variables = {**(os.environ if inherit_env else {}), **{k: str(v) for k, v in (env or {}).items()}}
             self.target = mcp.StdioServerParameters(command=argv[0], args=argv[1:], env=variables, cwd=cwd)
         self.name, self.timeout = server if isinstance(server, str) else " ".join(server), timeout
+        self.connect_timeout, self.retry_every = connect_timeout, retry_every
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="searchrl-mcp", daemon=True)
         self._thread.start()
-        self._ready: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
         self._queue: asyncio.Queue[Any] | None = None
-        self._main = asyncio.run_coroutine_threadsafe(self._serve(mcp), self._loop)
+        self._closed, self._last_try, self.reconnects = False, 0.0, 0
         try:
-            self.tools = self._ready.result(timeout)
+            self.tools = self._connect()
         except Exception as exc:
             self.close()
             raise SearchRLError(
-                f"MCP server {self.name}: could not connect and list its tools: {exc}"
+                f"MCP server {self.name}: could not connect and list its tools within "
+                f"{connect_timeout:g} s (connect_timeout): {exc or type(exc).__name__}"
             ) from exc
+
+    def _connect(self) -> list[Any]:
+        """Open a session (in `_serve`) and wait for its tool list."""
+        self._last_try = time.monotonic()
+        self._queue = None
+        self._ready: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
+        self._main = asyncio.run_coroutine_threadsafe(self._serve(self._mcp), self._loop)
+        try:
+            return self._ready.result(self.connect_timeout)
+        except BaseException:
+            self._main.cancel()
+            raise
 
     async def _serve(self, mcp: Any) -> None:
         """Enter the session, list the tools, then run batches of calls until `close` (in one task, as the
@@ -82,7 +105,8 @@ class MCPConnection:
 
             target = streamable_http_client(target, http_client=create_mcp_http_client(headers=self.headers))
         try:
-            async with mcp.Client(target, read_timeout_seconds=self.timeout) as client:
+            read = max(self.timeout, self.connect_timeout)  # each call is bounded by `timeout` below
+            async with mcp.Client(target, read_timeout_seconds=read) as client:
                 self._ready.set_result(list((await client.list_tools()).tools))
                 while (item := await self._queue.get()) is not None:
                     calls, done = item
@@ -92,6 +116,8 @@ class MCPConnection:
                     )
                     if not done.done():
                         done.set_result(got)
+                    if any(_closed(r) for r in got):  # the server died: end this session, the next opens one
+                        raise ConnectionError(f"MCP server {self.name} closed the connection")
         except BaseException as exc:
             if not self._ready.done():
                 self._ready.set_exception(exc)
@@ -115,14 +141,29 @@ class MCPConnection:
                 out[i] = r
         return out
 
+    def _alive(self) -> bool:
+        return self._queue is not None and not self._main.done()
+
     def _send(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
-        if self._queue is None or self._main.done():
+        if not self._alive() and not self._closed and time.monotonic() - self._last_try >= self.retry_every:
+            ended = self._main.exception() if self._main.done() and not self._main.cancelled() else None
+            try:  # the server died or the connection dropped: a new session
+                self._connect()
+                self.reconnects += 1
+                log.warning("MCP server %s: the session had ended (%s); reconnected", self.name, ended)
+            except Exception as exc:
+                log.warning("MCP server %s: the session had ended; reconnecting failed: %s", self.name, exc)
+        queue = self._queue
+        if queue is None or self._main.done():
             why = self._main.exception() if self._main.done() and not self._main.cancelled() else None
-            return [ConnectionError(f"the session with MCP server {self.name} has ended ({why})")] * len(
-                calls
+            state = (
+                "is closed"
+                if self._closed
+                else f"has ended ({why}); it is reconnected at most every {self.retry_every:g} s"
             )
+            return [ConnectionError(f"the session with MCP server {self.name} {state}")] * len(calls)
         done: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (calls, done))
+        self._loop.call_soon_threadsafe(queue.put_nowait, (calls, done))
         try:  # each call is bounded by the timeout inside the session; this bounds a stuck session
             return done.result(self.timeout + 30)
         except concurrent.futures.TimeoutError:
@@ -131,6 +172,7 @@ class MCPConnection:
             ] * len(calls)
 
     def close(self) -> None:
+        self._closed = True
         if self._queue is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
             with contextlib.suppress(
@@ -154,6 +196,12 @@ class MCPConnection:
 
         schema = _field(spec, "input_schema", "inputSchema") or {"type": "object", "properties": {}}
         return Tool(spec.name, spec.description or "", dict(schema), run)
+
+
+def _closed(result: Any) -> bool:
+    """Whether a call failed because the connection closed (the SDK's ``CONNECTION_CLOSED`` error)."""
+    code = getattr(getattr(result, "error", None), "code", None)
+    return isinstance(result, BaseException) and code == getattr(_sdk().types, "CONNECTION_CLOSED", -32000)
 
 
 def _field(obj: Any, name: str, v1_name: str) -> Any:
@@ -206,34 +254,48 @@ def serve_retriever_mcp(
     from typing import Annotated
 
     from mcp.server.mcpserver import MCPServer
-    from pydantic import Field
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.mcpserver.tools import Tool as ServerTool
+    from pydantic import ConfigDict, Field
 
     try:
         ours = version("searchrl")
     except PackageNotFoundError:  # run from a source tree that was not installed
         ours = "0+unknown"
-    server = MCPServer("searchrl-retriever", instructions="Search a document collection.", version=ours)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="searchrl-mcp-search")
 
     def search(query, k=topk):  # type: ignore[no-untyped-def]
         """Search the document collection: the top documents for the query, each with its id and title."""
+        # ToolError: the client reads the reason (any other exception reaches it as a bare "Error executing")
         if len(query) > max_query_chars:
-            raise ValueError(f"the query has {len(query)} characters; at most {max_query_chars}")
-        k = max(1, min(int(k), max_topk))
+            raise ToolError(f"the query has {len(query)} characters; at most {max_query_chars}")
+        if not query.strip():
+            raise ToolError("the query is empty")
         job = pool.submit(retriever.search, [" ".join(query.split())], k)
         try:
             [docs] = job.result(timeout)
         except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"the search took longer than {timeout:g} s") from None
+            raise ToolError(f"the search took longer than {timeout:g} s") from None
         return format_tool_docs(docs)
 
     # real objects, not this module's postponed (string) annotations, which the SDK evaluates in its own scope
     search.__annotations__ = {
         "query": Annotated[str, Field(description="what to search for")],
-        "k": Annotated[int, Field(description=f"how many documents to return (1 to {max_topk})")],
+        "k": Annotated[
+            int, Field(ge=1, le=max_topk, description=f"how many documents to return (1 to {max_topk})")
+        ],
         "return": str,
     }
-    server.tool()(search)
+    tool = ServerTool.from_function(search)
+    base = tool.fn_metadata.arg_model  # arguments it does not take are refused, not ignored
+
+    class StrictArguments(base):  # type: ignore[valid-type,misc]
+        model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    tool.fn_metadata.arg_model = StrictArguments
+    server = MCPServer(
+        "searchrl-retriever", instructions="Search a document collection.", version=ours, tools=[tool]
+    )
     if transport == "stdio":
         server.run("stdio")
     else:

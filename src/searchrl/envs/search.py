@@ -139,6 +139,10 @@ class SearchEnv:
             example=example, prompt=prompt + self.tags.answer_open, force_answer=True, prefetched=prefetched
         )
 
+    def discard(self, state: EnvState) -> None:
+        """An episode that will not be played (its prompt measured): nothing to release here (the tool
+        protocol releases its tool objects)."""
+
     def fold_prompt(self, state: EnvState, summary: str) -> str:
         """The context a folded episode goes on from (`envs.context`): a chat prompt re-rendered with the summary
         after the question in the user's message; a plain prompt followed by the summary as an information

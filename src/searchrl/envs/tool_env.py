@@ -25,9 +25,23 @@ time linear in the turn's length:
 - a ``search`` query longer than ``env.max_query_chars`` is refused (``query_too_long``), as in the tag
   protocol;
 - the calls past ``max_tool_calls`` get one message between them, not one each;
+- with a template whose generation prompt opens ``<think>`` (`ChatFormat.opens_think`: Qwen3.5 thinking,
+  Qwen3.6, Qwen3.8, Nemotron 3), the turn starts inside its reasoning: what comes before ``</think>`` is
+  reasoning, the answer what follows it;
+- the answer inside ``<answer>…</answer>`` is the last such block, found in time linear in the turn;
 - each tool response is cut to ``max_response_chars`` (verl's ``max_tool_response_length``) on the side
   ``truncate_side`` names (``right`` keeps the start, ``left`` the end, ``middle`` both ends), saying how much
   was cut, and any text that is not valid Unicode (an unpaired surrogate a tool echoed) is replaced.
+
+A call that ran but failed (the tool raised, timed out, returned what is not text, or was asked for a
+document it never showed: `searchrl.envs.tools.TOOL_FAILURES`) is the tool's failure, not the model's: the
+turn stays valid, the kind is recorded in ``StepInfo.failures`` and counted per kind in the rollout metrics
+(``tool/error_rate``, …), which a guard can watch (``trainer.guards``, monitor ``tool_errors``). A tool
+whose ``run`` itself raises or returns the wrong number of results gives each of its calls an error.
+
+Stateful tool classes (`searchrl.envs.python_tools.class_tools`) get their instance when the episode starts
+(`reset`), and the text their ``reset`` returns is appended to the user's message, as TRL's
+``environment_factory`` does.
 """
 
 from __future__ import annotations
@@ -45,13 +59,22 @@ from searchrl.data.example import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.tags import CHAT_TEMPLATES, ChatTemplate
-from searchrl.envs.tools import CALL_ERRORS, Tool, ToolCall, ToolResult, format_tool_docs
+from searchrl.envs.tools import CALL_ERRORS, TOOL_FAILURES, Tool, ToolCall, ToolResult, format_tool_docs
 
 TOOL_ERRORS = (*CALL_ERRORS, "query_too_long", "tool_call_after_budget", "empty_answer")
 TRUNCATE_SIDES = ("right", "left", "middle")
 BUDGET_NOTE = "\nNo tool calls left: give the final answer now."
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def last_answer(text: str) -> str | None:
+    """What the last ``<answer>…</answer>`` block of ``text`` holds, or None: linear in the text (a regex
+    scan for every ``<answer>`` of ``"<answer>" * n`` is quadratic)."""
+    close = text.rfind("</answer>")
+    if close < 0:
+        return None
+    start = text.rfind("<answer>", 0, close)
+    return None if start < 0 else text[start + len("<answer>") : close]
 
 
 class ToolEnv(SearchEnv):
@@ -80,13 +103,11 @@ class ToolEnv(SearchEnv):
         ``auto``: read from the chat template)."""
         from searchrl.envs import call_formats
 
-        if call_format == "auto":
-            call_format = call_formats.detect(getattr(chat.tokenizer, "chat_template", None))
-        if call_format not in call_formats.FORMATS:
-            raise DataError(
-                f"call_format must be auto or one of {', '.join(call_formats.FORMATS)}, got {call_format!r}"
-            )
-        self.call_format = call_format
+        self.call_format = call_formats.resolve(call_format, getattr(chat.tokenizer, "chat_template", None))
+        try:  # a template that cannot render tool messages fails here, not at a run's first call
+            chat.after_tool_calls([("search", {})], ["probe"])
+        except Exception as exc:
+            raise DataError(f"the chat template cannot render a tool call's result: {exc}") from None
         if truncate_side not in TRUNCATE_SIDES:
             raise DataError(
                 f"truncate_side must be one of {', '.join(TRUNCATE_SIDES)}, got {truncate_side!r}"
@@ -139,9 +160,11 @@ class ToolEnv(SearchEnv):
 
     # ------------------------------------------------------------------ parsing
     def turn_text(self, action: str) -> str:
-        """The turn's text before its end-of-turn marker."""
+        """The turn's text before its end-of-turn marker; with a template that opens the reasoning in its
+        generation prompt, from that ``<think>`` on."""
         at = action.find(self.format.end_of_turn)
-        return action if at < 0 else action[:at]
+        text = action if at < 0 else action[:at]
+        return "<think>" + text if self.format.opens_think else text
 
     def calls(self, action: str) -> list[ToolCall]:
         """The turn's tool calls outside its reasoning, those past ``max_tool_calls`` refused together, and
@@ -191,8 +214,8 @@ class ToolEnv(SearchEnv):
 
     def _parse_answer(self, text: str, forced: bool) -> StepInfo:  # type: ignore[override]
         text = _THINK.sub("", text)
-        inside = _ANSWER.findall(text)
-        answer = " ".join((inside[-1] if inside else text).split())
+        inside = last_answer(text)
+        answer = " ".join((text if inside is None else inside).split())
         return StepInfo(
             "answer", bool(answer), None if answer else "empty_answer", answer=answer or None, forced=forced
         )
@@ -219,6 +242,9 @@ class ToolEnv(SearchEnv):
             docs = [d for r in rs for d in r.docs]
             if docs:
                 info = replace(info, doc_ids=tuple(d.id for d in docs))
+            failures = tuple(r.error for c, r in zip(cs, rs) if c.valid and r.error in TOOL_FAILURES)
+            if failures:
+                info = replace(info, failures=failures)
             obs, done, reason = self._after(state, info, cs, rs, cut)
             self.record(state, action, obs, info, docs, done, reason)
             if done:
@@ -240,12 +266,28 @@ class ToolEnv(SearchEnv):
                 else:
                     results[i][j] = ToolResult(f"Error: {c.detail}", error=c.error)
         for name, where in batches.items():
-            got = self.tools[name].run([(calls[i][j].arguments, states[i]) for i, j in where])
-            if len(got) != len(where):
-                raise RuntimeError(f"tool {name!r} returned {len(got)} results for {len(where)} calls")
-            for (i, j), r in zip(where, got):
+            for (i, j), r in zip(
+                where, self._run_tool(name, [(calls[i][j].arguments, states[i]) for i, j in where])
+            ):
                 results[i][j] = r
         return [[r for r in rs if r is not None] for rs in results]
+
+    def _run_tool(self, name: str, batch: list[tuple[dict[str, Any], EnvState]]) -> list[ToolResult]:
+        """One tool's batch of calls, one result each whatever its ``run`` does (raises, returns too few or
+        too many results, or results that are not `ToolResult`s)."""
+        from searchrl.envs.python_tools import as_result, describe
+
+        try:
+            got = list(self.tools[name].run(batch))
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            why = f"Error: the tool {name} failed: {describe(exc)}"
+            return [ToolResult(why, error="tool_error")] * len(batch)
+        if len(got) != len(batch):
+            why = f"Error: the tool {name} returned {len(got)} results for {len(batch)} calls"
+            return [ToolResult(why, error="tool_error")] * len(batch)
+        return [as_result(r) for r in got]
 
     def _after(
         self, state: EnvState, info: StepInfo, calls: list[ToolCall], results: list[ToolResult], cut: bool
@@ -264,18 +306,37 @@ class ToolEnv(SearchEnv):
             return obs, True, "budget"
         return obs, False, None
 
+    def reset(self, example: Example) -> EnvState:
+        """A new episode: its tool objects made and reset (`envs.python_tools.ToolObjects.start`), the text
+        their ``reset`` returned appended to the user's message (as TRL's ``environment_factory``), and the
+        chat prompt rendered with the tool schemas."""
+        state = EnvState(example=example, prompt="")
+        owners = {id(t.owner): t.owner for t in self.tools.values() if t.owner is not None}
+        state.intro = "".join(note for o in owners.values() if (note := o.start(state)))
+        state.prompt = self._render(state, "")
+        return state
+
+    def _render(self, state: EnvState, extra: str) -> str:
+        messages = self.template.messages(state.example.question)  # type: ignore[union-attr]
+        messages[-1]["content"] += state.intro + extra
+        return str(self.chat(messages))  # type: ignore[misc]
+
     def fold_prompt(self, state: EnvState, summary: str) -> str:
         """The chat prompt re-rendered with the summary after the question (`envs.context`); with the tool
         budget spent, the user's message ends by saying so."""
-        messages = self.template.messages(state.example.question)  # type: ignore[union-attr]
-        messages[-1]["content"] += f"\n\n{summary}" + (BUDGET_NOTE if state.force_answer else "")
-        return str(self.chat(messages))  # type: ignore[misc]
+        return self._render(state, f"\n\n{summary}" + (BUDGET_NOTE if state.force_answer else ""))
 
     def finished(self, state: EnvState) -> None:
         """An episode ended: its tool objects are settled (`envs.python_tools.settle`)."""
         from searchrl.envs.python_tools import settle
 
         settle(state)
+
+    def discard(self, state: EnvState) -> None:
+        """An episode that will not be played: its tool objects released without a reward."""
+        from searchrl.envs.python_tools import discard
+
+        discard(state)
 
     def replay(self, example: Example, actions: list[str], observations: list[str] | None = None) -> EnvState:
         """Rebuild an episode from recorded turns. With ``observations`` no tool runs again."""
@@ -296,16 +357,25 @@ class ToolEnv(SearchEnv):
         return state
 
     # ------------------------------------------------------------------ written actions (the teacher)
+    def _think(self, text: str) -> str:
+        """Reasoning as the turn writes it: inside ``<think>…</think>``, or, where the template opened the
+        ``<think>`` already, the reasoning and its close."""
+        return f"{text}\n</think>\n\n" if self.format.opens_think else f"<think> {text} </think>\n"
+
     def write_search(self, think: str, query: str) -> str:
         from searchrl.envs.call_formats import write
 
         call = write(self.call_format, "search", {"query": query})
         if self.call_format == "llama3_json":  # the whole turn is the call
             return f"{call}{self.format.end_of_turn}"
-        return f"<think> {think} </think>\n{call}{self.format.end_of_turn}"
+        return f"{self._think(think)}{call}{self.format.end_of_turn}"
 
     def write_answer(self, answer: str, note: str = "") -> str:
-        return f"<think> {note}So the answer is {answer}. </think>\n{answer}{self.format.end_of_turn}"
+        return f"{self._think(f'{note}So the answer is {answer}.')}{answer}{self.format.end_of_turn}"
 
     def write_forced_answer(self, answer: str) -> str:
-        return f"{answer}{self.format.end_of_turn}"
+        return (
+            f"{self._think('')}{answer}{self.format.end_of_turn}"
+            if self.format.opens_think
+            else f"{answer}{self.format.end_of_turn}"
+        )

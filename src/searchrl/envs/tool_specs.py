@@ -22,7 +22,18 @@ ARGS: dict[str, tuple[str, ...]] = {
     "open": ("max_words", *COMMON),
     # an MCP server: server (a URL or a command line) or config (a Claude-Desktop-style {"mcpServers": ...}
     # file) with servers (which of its entries; default all); env, cwd, inherit_env (stdio), headers (HTTP)
-    "mcp": ("server", "config", "servers", "include", "timeout", "env", "cwd", "headers", "inherit_env"),
+    "mcp": (
+        "server",
+        "config",
+        "servers",
+        "include",
+        "timeout",
+        "connect_timeout",
+        "env",
+        "cwd",
+        "headers",
+        "inherit_env",
+    ),
     "function": ("name", "timeout", "max_concurrency", "kwargs", *COMMON),
 }
 
@@ -48,6 +59,29 @@ def check_tool_specs(specs: Sequence[Any], file: str | None = None) -> None:
                     key=f"{key}.args.{arg}",
                     value=arg,
                     choices=list(ARGS[kind]),
+                )
+        for arg, what in (
+            ("timeout", "seconds"),
+            ("connect_timeout", "seconds"),
+            ("max_concurrency", "calls"),
+        ):
+            value = spec.args.get(arg)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            if (
+                arg in spec.args
+                and not ok
+                and not (value is None and arg == "timeout" and kind == "function")
+            ):
+                raise ConfigError(
+                    f"must be a positive number of {what}"
+                    + (
+                        " (or null: a Python tool's calls unbounded, in the trainer's thread)"
+                        if arg == "timeout"
+                        else ""
+                    ),
+                    file=file,
+                    key=f"{key}.args.{arg}",
+                    value=value,
                 )
         if kind == "mcp" and not spec.args.get("server") and not spec.args.get("config"):
             raise ConfigError(
@@ -131,6 +165,7 @@ def _mcp_tools(args: dict[str, Any], connections: dict[str, Any]) -> list[Tool]:
             cwd=args.get("cwd"),
             headers=args.get("headers"),
             inherit_env=bool(args.get("inherit_env", True)),
+            connect_timeout=float(args.get("connect_timeout", 120.0)),
         )
     return connections[ident].as_tools(args.get("include"))
 

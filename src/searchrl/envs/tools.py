@@ -12,6 +12,7 @@ tools users bring (functions, ``async def``, stateful classes) are `searchrl.env
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,9 @@ CALL_ERRORS = (
     "bad_arguments",
     "too_many_calls",
 )
+# why a call that ran gave no answer (ToolResult.error): the tool's failures, not the model's; counted per kind
+# in the rollout metrics (``tool/error_rate``, ``tool/timeout_rate``, …; `searchrl.rollout.episode`)
+TOOL_FAILURES = ("tool_error", "tool_timeout", "non_text_result", "unknown_doc", "empty_query")
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class Tool:
         str, Any
     ]  # JSON schema of the arguments: {"type": "object", "properties": ..., "required": ...}
     run: Runner  # a batch of (arguments, episode state) -> one result each
+    # per-episode objects the tool runs on (`envs.python_tools.ToolObjects`): started when an episode starts
+    owner: Any = field(default=None, compare=False, repr=False)
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -97,6 +103,7 @@ class Tool:
             ok = not kinds or any(
                 isinstance(value, _TYPES.get(k, object))
                 and not (k in ("integer", "number") and isinstance(value, bool))
+                and not (k == "number" and isinstance(value, float) and not math.isfinite(value))
                 for k in kinds
             )
             if not ok:
@@ -205,9 +212,11 @@ def parse_tool_calls(
     one = one or _one_call
     calls: list[ToolCall] = []
     extra = pos = 0
+    unclosed = False
     while (start := text.find(OPEN, pos)) >= 0:
         end = text.find(CLOSE, start + len(OPEN))
         if end < 0:
+            unclosed = True  # a block left open (one inside a closed block's arguments is its text)
             break
         if limit is None or len(calls) < limit:
             calls.append(one(text[start + len(OPEN) : end], tools))
@@ -222,7 +231,7 @@ def parse_tool_calls(
                 detail=f"{extra} more tool call{'s' if extra > 1 else ''} not run: at most {limit} per turn",
             )
         )
-    if text.count(OPEN) > text.count(CLOSE):
+    if unclosed:
         calls.append(ToolCall(None, error="unclosed_tool_call", detail="a <tool_call> was not closed"))
     return calls
 

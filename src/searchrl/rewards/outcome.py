@@ -151,8 +151,9 @@ def search_r1_structure_ok(response: str, info_tag: str = "information") -> bool
 
 
 def tool_env_reward(traj: Any) -> RewardOutput:
-    """The reward the episode's stateful tools own: the sum of their ``reward(answer)``, read when the episode
-    ended (`searchrl.envs.python_tools`; 0 if none has one)."""
+    """The reward the episode's stateful tools own: the sum of their ``reward(answer)`` (or TRL's
+    ``get_reward()``), read for every episode when it ended, whether or not it called a tool
+    (`searchrl.envs.python_tools`; 0 if none has one)."""
     state = getattr(traj, "state", None)
     value = getattr(state, "tool_reward", None)
     return RewardOutput(score=float(value) if value is not None else 0.0)

@@ -17,6 +17,15 @@ from searchrl.envs.search import SearchEnv
 from searchrl.rollout.generator import Generation
 
 FINISH_REASONS = ("answer", "budget", "eos", "length")  # how an episode can end (Trajectory.finish_reason)
+# the tool protocol's failed calls (`envs.tools.TOOL_FAILURES`) -> their metric, ``tool/<name>_rate`` (per call
+# run); ``tool/error_rate`` counts them all
+FAILURE_METRICS = {
+    "tool_error": "raised",
+    "tool_timeout": "timeout",
+    "non_text_result": "non_text",
+    "unknown_doc": "unknown_doc",
+    "empty_query": "empty_query",
+}
 
 
 @dataclass
@@ -29,6 +38,7 @@ class RolloutStats:
     seconds: float = 0.0
     finish_reasons: Counter[str] = field(default_factory=Counter)
     tool_calls: Counter[str] = field(default_factory=Counter)  # the tool protocol: calls run, per tool
+    tool_failures: Counter[str] = field(default_factory=Counter)  # calls that ran and failed, per kind
     folds: int | None = None  # contexts folded into a summary (`envs.context`); None: the env does not fold
 
     def metrics(self) -> dict[str, float]:
@@ -55,9 +65,12 @@ class RolloutStats:
         per_tool = {
             f"rollout/tool_calls/{k}": Mean(v, self.episodes) for k, v in sorted(self.tool_calls.items())
         }
+        runs = sum(self.tool_calls.values())
         return {
-            "rollout/tool_calls_per_episode": Mean(sum(self.tool_calls.values()), self.episodes),
+            "rollout/tool_calls_per_episode": Mean(runs, self.episodes),
             **per_tool,
+            "tool/error_rate": Mean(sum(self.tool_failures.values()), runs),
+            **{f"tool/{name}_rate": Mean(self.tool_failures[k], runs) for k, name in FAILURE_METRICS.items()},
         }
 
 
@@ -134,6 +147,7 @@ def record(
     stats.searches += info.kind == "search" and info.valid
     for name in getattr(env, "tool_names", ()):
         stats.tool_calls[name] += info.calls.count(name)
+    stats.tool_failures.update(getattr(info, "failures", ()))
     if done:
         t.finish_reason = "length" if g.finish == "length" else t.state.finish_reason  # type: ignore[union-attr]
 

@@ -37,7 +37,10 @@ def check_prompt_room(
     episode of that question would end before its first action."""
     if not examples:
         return
-    prompts = [env.reset(ex).prompt for ex in examples]
+    states = [env.reset(ex) for ex in examples]
+    prompts = [s.prompt for s in states]
+    for s in states:  # measured, not played: their tool objects released
+        env.discard(s)
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     i = max(range(len(lengths)), key=lengths.__getitem__)
     if lengths[i] >= max_total_tokens:
@@ -56,13 +59,15 @@ def check_prompt_room(
 def start_trajectories(
     env: SearchEnv, tokenizer: Any, examples: Sequence[Example], group_size: int = 1, first_group: int = 0
 ) -> list[Trajectory]:
-    """``group_size`` fresh episodes per example; episodes of one example share a group id."""
+    """``group_size`` fresh episodes per example; episodes of one example share a group id (and their
+    prompt's ids, tokenized once, unless a tool object's ``reset`` gave an episode a prompt of its own)."""
     out = []
     for gi, ex in enumerate(examples):
-        prompt_ids: list[int] | None = None
+        prompt, prompt_ids = None, []
         for _ in range(group_size):
             state = env.reset(ex)
-            prompt_ids = prompt_ids if prompt_ids is not None else encode(tokenizer, state.prompt)
+            if state.prompt != prompt:
+                prompt, prompt_ids = state.prompt, encode(tokenizer, state.prompt)
             out.append(
                 Trajectory(ex, [Segment("prompt", list(prompt_ids))], state=state, group_id=first_group + gi)
             )
@@ -82,6 +87,10 @@ def branch(prefixes: Sequence[Trajectory], k: int) -> list[Trajectory]:
             t.state = copy.copy(p.state)
             for name in ("actions", "observations", "infos", "retrieved"):
                 setattr(t.state, name, list(getattr(p.state, name)))
+            if p.state.tool_objects:  # each branch plays on its own copy of the episode's tool objects
+                from searchrl.envs.python_tools import fork
+
+                t.state.tool_objects = fork(p.state.tool_objects)
             t.group_id = gi
             out.append(t)
     return out
