@@ -203,12 +203,30 @@ def test_variants_train_a_step(make_exp, tmp_path, args):
         assert m["dapo/groups_short"] == 0 and m["dapo/first_all_equal_frac"] >= 0
 
 
-def test_mask_truncated_in_training_drops_exactly_the_cut_off_episodes(make_exp, tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_mask_truncated_in_training_drops_exactly_the_cut_off_episodes(make_exp, tmp_path, staleness):
+    """Collected by the trainer or taken from the asynchronous worker, a batch goes through the algorithm's
+    own post-processing (`Algorithm.finish`): the cut-off episodes are out of the loss either way (the worker's
+    batches skipped it before)."""
+    from searchrl.core.config import AsyncRolloutConfig
+
     exp = make_exp(
         "rollout.temperature=1.0", "rewards=[{name: test_trainer_length}]", "rollout.max_total_tokens=200"
     )
-    cfg = TrainerConfig(steps=1, batch_size=2, micro_batch_size=8, lr=5e-3, save_every=10**6)
+    cfg = TrainerConfig(
+        steps=1,
+        batch_size=2,
+        micro_batch_size=8,
+        lr=5e-3,
+        save_every=10**6,
+        async_rollout=AsyncRolloutConfig(max_staleness=staleness),
+    )
     tr = trainer_for(exp, "grpo", cfg, args={"kl_coef": 0.0, "mask_truncated": True}, out=tmp_path / "run")
-    m = tr.step(0)
+    try:
+        m = tr.step(0)
+    finally:
+        tr.rollouts.close()
+    assert tr.rollouts.asynchronous == bool(staleness)
+    assert m["rollout/finish_length"] > 0  # the budget cuts some episodes off, so the masking is exercised
     assert m["dapo/truncated_masked"] == pytest.approx(8 * m["rollout/finish_length"])
     assert m["train/sequences"] == 8 - m["dapo/truncated_masked"]  # the others keep their loss

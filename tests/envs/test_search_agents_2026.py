@@ -23,13 +23,26 @@ from searchrl.rewards.outcome import action_penalty_reward, parallel_search_rewa
 
 
 # ------------------------------------------------------------------ ZeroSearch
-def test_noise_curriculum_is_the_papers_formula():
-    # p_i = p_s + b^(i/m - 1) (p_e - p_s), b = 4: at i = 0 the exponent is -1, at i = m it is 0
-    assert noise_probability(0, 100, 0.0, 0.5, 4.0) == pytest.approx(0.125)
-    assert noise_probability(50, 100, 0.0, 0.5, 4.0) == pytest.approx(0.25)
-    assert noise_probability(100, 100, 0.0, 0.5, 4.0) == pytest.approx(0.5)
-    assert noise_probability(25, 100, 0.1, 0.9, 2.0) == pytest.approx(0.1 + 2**-0.75 * 0.8)
-    ps = [noise_probability(i, 60, 0.0, 0.75, 4.0) for i in range(61)]
+def zerosearch_dynamic_threshold(i: int, m: int, p_s: float, p_e: float, b: float) -> float:
+    """Written from ZeroSearch's released code (its ``dynamic_threshold``, called with verl's global step,
+    counted from 1): p_s + (b^(i/m) - 1) / (b - 1) * (p_e - p_s)."""
+    return p_s + (b ** (i / m) - 1) / (b - 1) * (p_e - p_s)
+
+
+def test_noise_curriculum_is_zerosearchs_code():
+    m = 100
+    for step in (0, 1, 24, 49, 75, 98, 99):
+        got = noise_probability(step, m, 0.0, 0.5, 4.0)
+        assert got == pytest.approx(zerosearch_dynamic_threshold(step + 1, m, 0.0, 0.5, 4.0))
+    assert noise_probability(m - 1, m, 0.0, 0.5, 4.0) == pytest.approx(0.5)  # the last step reaches p_e
+    assert noise_probability(0, m, 0.0, 0.5, 4.0) < 0.003  # starts at p_s (the formula we had: 0.125)
+    assert noise_probability(49, m, 0.0, 0.5, 4.0) == pytest.approx(0.5 / 3)  # i/m = 1/2: 0.167 (had 0.25)
+    assert noise_probability(25, 100, 0.1, 0.9, 2.0) == pytest.approx(
+        zerosearch_dynamic_threshold(26, 100, 0.1, 0.9, 2.0)
+    )
+    assert noise_probability(4, 10, 0.1, 0.9, 1.0) == pytest.approx(0.1 + 0.5 * 0.8)  # b = 1: linear
+    assert noise_probability(500, 10, 0.1, 0.9, 4.0) == pytest.approx(0.9)  # past the end: held at p_e
+    ps = [noise_probability(i, 60, 0.0, 0.75, 4.0) for i in range(60)]
     assert all(a < b for a, b in itertools.pairwise(ps))  # rises every step
 
 
@@ -41,7 +54,7 @@ def test_simulated_corpus_source_serves_useful_or_noisy_documents(small_world):
     ex = small_world.examples("train")[0]
     q = ex.hops[0].keys[0]
     useful = exact.search([q], 3)[0]
-    sim.set_progress(0, 10**9)  # p ≈ 0.25
+    sim.set_progress(0, 10**9)  # p ≈ p_s
     sim.p_end = 0.0
     assert [d.id for d in sim.search([q], 3)[0]] == [d.id for d in useful]
     sim.p_end = 1.0
@@ -231,6 +244,17 @@ def test_reinforce_estimators_by_hand():
     totals = iter([4.0 + other_n, 2.0 + other_sum])
     x2 = AdvantageInput(rewards, x.group_ids, mask, None, cfg=None, sum_all=lambda v: next(totals))
     assert torch.allclose(reinforce_batch(x2), (rewards - 0.25)[:, None] * mask)
+
+
+def test_reinforce_batch_leaves_the_trainers_padding_rows_out():
+    """The issue's case, written from verl's batch mean over real rows: rewards [1, 0, 1, 1] and 4 padding
+    rows (negative group ids, no loss tokens) give A = r − 0.75, not r − 0.375."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    groups = torch.tensor([0, 0, 1, 1, -1, -2, -3, -4])
+    mask = torch.cat([torch.ones(4, 2), torch.zeros(4, 2)])
+    adv = reinforce_batch(AdvantageInput(rewards, groups, mask, None, cfg=None))
+    assert torch.allclose(adv[:, 0], torch.tensor([0.25, -0.75, 0.25, 0.25, 0, 0, 0, 0]))
+    assert torch.equal(adv[4:], torch.zeros(4, 2))
 
 
 def test_reinforce_trains_with_groups_of_one():

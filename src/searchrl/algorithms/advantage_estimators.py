@@ -141,12 +141,14 @@ def reinforce(x: AdvantageInput) -> torch.Tensor:
 
 def reinforce_batch(x: AdvantageInput) -> torch.Tensor:
     """REINFORCE with the batch-mean baseline: A_i = r_i − mean_batch r, the mean over every process's
-    episodes (no group structure, no scaling). The baseline variant of `reinforce`; which of the two
+    episodes, the trainer's padding rows left out (as verl's batch mean over real rows; no group structure,
+    no scaling). The baseline variant of `reinforce`; which of the two
     Search-R1++ uses is not stated in the sources at hand, so both are offered."""
     r = x.penalised().double()
-    n = x.sum_all(float(r.numel()))
-    mean = x.sum_all(float(r.sum())) / n if n else 0.0
-    return broadcast_to_tokens((r - mean).float(), x.loss_mask)
+    real = x.group_ids >= 0  # the trainer's padding rows (negative group ids) are no episodes: not counted
+    n = x.sum_all(float(real.sum()))
+    mean = x.sum_all(float(r[real].sum())) / n if n else 0.0
+    return broadcast_to_tokens(((r - mean) * real).float(), x.loss_mask)
 
 
 def reinforce_pp(x: AdvantageInput) -> torch.Tensor:

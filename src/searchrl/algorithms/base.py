@@ -115,7 +115,20 @@ class Algorithm(ABC):
 
     def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         """Trajectories (with rewards) for the training items ``indices`` of this process: by default
-        ``group_size`` (the algorithm's config) fresh episodes per question, scored by the reward pipeline."""
+        ``group_size`` (the algorithm's config) fresh episodes per question, scored by the reward pipeline,
+        then `finish`ed."""
+        return self.finish(*self.episodes(indices))
+
+    def finish(
+        self, trajs: list[Trajectory], metrics: dict[str, float]
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """What every scored batch of episodes goes through before training, whether collected here or taken
+        from the asynchronous rollout worker (`engine.rollouts`): the algorithm's own post-processing (masks,
+        truncation, unfolding) and its metrics. Nothing by default."""
+        return trajs, metrics
+
+    def episodes(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
+        """``group_size`` fresh episodes per question of ``indices``, scored by the reward pipeline."""
         from searchrl.rollout.loop import rollout
 
         c = self.ctx

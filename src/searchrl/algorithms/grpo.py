@@ -115,9 +115,15 @@ class GRPO(Algorithm):
         if ds.enabled:
             rng = random.Random(f"dapo:{self.step}:{indices}")  # a str seed is hashed stably (sha512)
             n = self.num_items()
-            trajs, metrics = dynamic_collect(super().collect, indices, n, ds, rng, f" (step {self.step + 1})")
-        else:
-            trajs, metrics = super().collect(indices)
+            got = dynamic_collect(self.episodes, indices, n, ds, rng, f" (step {self.step + 1})")
+            return self.finish(*got)
+        return self.finish(*self.episodes(indices))
+
+    def finish(
+        self, trajs: list[Trajectory], metrics: dict[str, float]
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """With ``mask_truncated``, cut-off episodes out of the loss; with ``env.context``, each folded episode
+        as one row per context (`envs.context.unfold`): for collected and asynchronous batches alike."""
         if self.cfg.mask_truncated:
             metrics["dapo/truncated_masked"] = Sum(mask_truncated(trajs))
         if getattr(self.ctx.env, "context", None) is not None:  # folded episodes: one row per context

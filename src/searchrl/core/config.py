@@ -240,7 +240,7 @@ class ModelConfig:
     # Recompute each layer's activations in the backward pass (transformers' gradient checkpointing,
     # non-reentrant) instead of keeping them: about a third more compute for the training passes, activation
     # memory of one layer instead of all. A 7B shape's GRPO step with LoRA (8 episodes of ~1.1k tokens per
-    # micro-batch) ran out of an H100's 80 GB without it (issue 31). Generation is unaffected.
+    # micro-batch) ran out of an H100's 80 GB without it (measured). Generation is unaffected.
     gradient_checkpointing: bool = False
 
 

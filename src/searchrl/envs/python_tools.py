@@ -35,6 +35,7 @@ import functools
 import inspect
 import logging
 import math
+import queue
 import threading
 import time
 from collections import deque
@@ -131,21 +132,50 @@ def _invoke(fn: Callable[..., Any], args: dict[str, Any]) -> Any:
     return spawn(lambda: asyncio.run(_await(value)), {}).result()
 
 
+class _DaemonPool:
+    """Daemon worker threads, reused: a call is handed to an idle one, or to a new one when none is idle
+    (a call that hangs keeps its thread, and later calls never wait behind it). Daemon threads never delay
+    the interpreter's exit, which ``concurrent.futures``' pools do (they are joined at exit)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[..., Any], dict[str, Any], concurrent.futures.Future[Any]]
+        ]
+        self._jobs = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], args: dict[str, Any]) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                threading.Thread(target=self._work, name="searchrl-tool", daemon=True).start()
+        self._jobs.put((fn, args, fut))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            fn, args, fut = self._jobs.get()
+            try:
+                value = _invoke(fn, args)
+            except BaseException as exc:  # a tool's SystemExit or KeyboardInterrupt must not end the trainer
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+            del fn, args, fut
+            with self._lock:
+                self._idle += 1
+
+
+_POOL = _DaemonPool()
+
+
 def spawn(fn: Callable[..., Any], args: dict[str, Any]) -> concurrent.futures.Future[Any]:
-    """``fn(**args)`` in a daemon thread of its own: its value, or whatever it raised (``SystemExit``
-    included), on the future. A caller that stops waiting leaves the thread behind; the process can exit."""
-    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def work() -> None:
-        try:
-            value = _invoke(fn, args)
-        except BaseException as exc:  # a tool's SystemExit or KeyboardInterrupt must not end the trainer
-            fut.set_exception(exc)
-        else:
-            fut.set_result(value)
-
-    threading.Thread(target=work, name="searchrl-tool", daemon=True).start()
-    return fut
+    """``fn(**args)`` on a daemon thread (`_DaemonPool`): its value, or whatever it raised (``SystemExit``
+    included), on the future. A caller that stops waiting leaves the call behind; the process can exit."""
+    return _POOL.submit(fn, args)
 
 
 def call_all(

@@ -41,7 +41,7 @@ SIZES: dict[str, ModelSize] = {
     "base": ModelSize(256, 4, 4, 2, 688, vocab_size=4096),
     # Qwen2.5-0.5B's shape (random weights): realistic memory and time on a CPU. Qwen2.5 tokenizer only.
     "qwen2.5-0.5b": ModelSize(896, 24, 14, 2, 4864, vocab_size=151936, max_position_embeddings=32768),
-    # Qwen2.5-1.5B's and -7B's shapes (1.54B and 7.62B parameters): GPU step time and memory (issue 31).
+    # Qwen2.5-1.5B's and -7B's shapes (1.54B and 7.62B parameters): GPU step time and memory at real sizes.
     "qwen2.5-1.5b": ModelSize(1536, 28, 12, 2, 8960, vocab_size=151936, max_position_embeddings=32768),
     "qwen2.5-7b": ModelSize(
         3584, 28, 28, 4, 18944, vocab_size=152064, max_position_embeddings=32768, tie_word_embeddings=False

@@ -31,7 +31,7 @@ def import_bm25s() -> Any:
     """bm25s, imported without JAX. bm25s imports JAX when it is installed and runs a top-k at import, which
     starts JAX's default backend: on a GPU node with a CUDA jaxlib, XLA then preallocates 75% of the GPU's
     memory in the training process (measured on an H100: 60 of 79 GB gone before the first step, and a
-    1.5B-shape GRPO step out of memory; issue 31). Our retrievers score with numpy or numba, never JAX, so
+    1.5B-shape GRPO step out of memory). Our retrievers score with numpy or numba, never JAX, so
     bm25s is imported with JAX hidden, unless JAX is loaded already (the user's own choice)."""
     if "bm25s" in sys.modules or "jax" in sys.modules:
         import bm25s

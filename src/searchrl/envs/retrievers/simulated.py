@@ -1,10 +1,11 @@
 """A simulated search engine (ZeroSearch, arXiv 2505.04588): the documents for a query are written by a
 model (``source: llm``) or drawn from the corpus (``source: corpus``), useful or deliberately noisy, with the
-paper's curriculum on the noise probability
+paper's curriculum on the noise probability, as its released code computes it (``dynamic_threshold``)
 
-    p_i = p_s + b^(i/m − 1) · (p_e − p_s)        (i the training step, m the total steps; b = 4 in the paper)
+    p_i = p_s + (b^(i/m) − 1) / (b − 1) · (p_e − p_s)     (i the training step counted from 1, as verl counts
+                                                         it; m the total steps; b = 4 in the paper)
 
-so that training starts on mostly useful documents and ends on p_e noise. Every environment and algorithm uses
+so that training starts on useful documents (p_s) and its last step reaches p_e noise. Every environment and algorithm uses
 it like any retriever (``env.retriever: {name: simulated, args: {...}}``); the generated documents are
 observations (masked from the loss) and recorded as the step's documents (recall, rewards and the viewer see
 them).
@@ -54,9 +55,13 @@ _DOC_LINE = re.compile(r"^\s*Doc\s*\d+\s*[:.)]\s*(.*)$", re.I)
 
 
 def noise_probability(step: int, total: int, p_start: float, p_end: float, base: float) -> float:
-    """ZeroSearch's curriculum: p_s + b^(i/m − 1)·(p_e − p_s), i = ``step`` and m = ``total`` (m ≥ 1)."""
+    """ZeroSearch's curriculum as its code computes it: p_s + (b^(i/m) − 1)/(b − 1)·(p_e − p_s), with
+    i = ``step`` + 1 (our steps count from 0, verl's global step from 1: the last step, i = m, is at p_e) and
+    m = ``total`` (m ≥ 1); the limit b → 1, i/m, where b = 1."""
     m = max(1, total)
-    return p_start + base ** (min(step, m) / m - 1.0) * (p_end - p_start)
+    frac = min(max(step + 1, 0), m) / m
+    ramp = frac if abs(base - 1.0) < 1e-12 else (base**frac - 1.0) / (base - 1.0)
+    return p_start + ramp * (p_end - p_start)
 
 
 def parse_documents(text: str | None, query: str, k: int) -> list[Doc]:
