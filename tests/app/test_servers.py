@@ -322,3 +322,35 @@ def test_clients_that_disconnect_mid_body_leave_one_line_each(bm25):
     assert len(lines) == 5, lines
     assert all("disconnected after 17 bytes" in x and "POST /retrieve" in x for x in lines), lines
     assert not any("Traceback" in x or "\n" in x for x in lines), lines
+
+
+def test_a_body_that_never_arrives_is_answered_408_within_the_bound(bm25):
+    """A client that sends its head with `Content-Length: 100` and 10 bytes of body, then nothing: answered
+    408 when ``body_timeout`` passes and closed, one log line, while other clients are served (it was held
+    open indefinitely: one over 400 s, 300 at once over 90 s)."""
+    import socket
+
+    from searchrl.core.asgi import Served
+    from searchrl.envs.retrievers.http import make_app
+
+    server = Served(make_app(bm25), "127.0.0.1", 0, body_timeout=1.0).start()
+    try:
+        held = []
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            s.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"queries"'
+            )
+            held.append(s)
+        t = time.monotonic()
+        assert call(f"{server.url}/retrieve", {"queries": ["Paris"], "topk": 1})[0] == 200
+        for s in held:
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in got, got[:200]
+            s.close()
+        assert time.monotonic() - t < 8
+    finally:
+        server.stop()

@@ -36,7 +36,7 @@ def json_app(
     async def http_error(request: Any, exc: Exception) -> Any:
         assert isinstance(exc, HTTPException)
         detail = exc.detail if exc.status_code != 413 else f"request body above {max_body_bytes} bytes"
-        return JSONResponse(error_body(str(detail)), status_code=exc.status_code)
+        return JSONResponse(error_body(str(detail)), status_code=exc.status_code, headers=exc.headers)
 
     async def bad_request(request: Any, exc: Exception) -> Any:
         return JSONResponse(error_body(f"bad request: {exc}"), status_code=400)
@@ -59,18 +59,37 @@ async def read_json(request: Any) -> dict[str, Any]:
     from starlette.requests import ClientDisconnect
 
     limit = request.app.state.max_body_bytes
+    bound = float(getattr(request.app.state, "body_timeout", 30.0))
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise HTTPException(413)
-    chunks, size = [], 0
-    try:
+    chunks: list[bytes] = []
+    size = 0
+
+    async def read() -> None:
+        nonlocal size
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 raise HTTPException(413)
             chunks.append(chunk)
+
+    client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+    try:  # a client that announces a body and never sends it holds no connection past the bound
+        await asyncio.wait_for(read(), bound)
+    except asyncio.TimeoutError:
+        logging.getLogger("uvicorn.error").warning(
+            "%s sent %d bytes of its %s %s body in %g s; request dropped",
+            client,
+            size,
+            request.method,
+            request.url.path,
+            bound,
+        )
+        raise HTTPException(
+            408, f"the request body did not arrive within {bound:g} s", headers={"Connection": "close"}
+        ) from None
     except ClientDisconnect:  # the client went away mid-body: one line in the log, not a traceback
-        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
         logging.getLogger("uvicorn.error").warning(
             "%s disconnected after %d bytes of its %s %s body; request dropped",
             client,
@@ -223,8 +242,9 @@ def head_deadline_protocol(timeout: float) -> type:
 class Served:
     """An app on a bound socket: ``run()`` blocks (the CLI); ``start()`` serves from a thread and
     ``stop()`` ends it (tests, benchmarks). ``url`` is the address it serves. A connection that sends no
-    whole request head within ``head_timeout`` seconds is closed (`head_deadline_protocol`); an idle
-    keep-alive connection after ``timeout_keep_alive``."""
+    whole request head within ``head_timeout`` seconds is closed (`head_deadline_protocol`), a request whose
+    body does not arrive within ``body_timeout`` seconds answered 408 (`read_json`); an idle keep-alive
+    connection is closed after ``timeout_keep_alive``."""
 
     def __init__(
         self,
@@ -233,8 +253,11 @@ class Served:
         port: int = 0,
         timeout_keep_alive: int = 30,
         head_timeout: float = 30.0,
+        body_timeout: float = 30.0,
     ) -> None:
         import uvicorn
+
+        app.state.body_timeout = body_timeout
 
         self.sock = listen(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]
