@@ -136,7 +136,7 @@ def test_index_then_serve_over_http(tmp_path, fixtures, retriever):
     try:
         from searchrl.envs.retrievers.http import HTTPRetriever, RetrieverUnavailable
 
-        client = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=2, retries=0)
+        client = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=2, retries=0, retry_budget_s=0)
         deadline = time.time() + 60
         while True:
             try:

@@ -180,7 +180,7 @@ def test_http_retriever_client_errors(status, payload, message, not_in):
     server, url = scripted(status, payload)
     try:
         with pytest.raises(RetrieverUnavailable) as e:
-            HTTPRetriever(url, timeout=5, retries=1, backoff=0.01).search(["x"], 1)
+            HTTPRetriever(url, timeout=5, retries=1, backoff=0.01, retry_budget_s=0).search(["x"], 1)
     finally:
         server.shutdown()
         server.server_close()
@@ -277,11 +277,27 @@ def test_a_run_outlives_a_retrieval_server_restarted_on_the_same_port(fixtures, 
     finally:
         server.kill()
         server.wait()
-    gone = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=1, retries=1, backoff=0.1)
+    gone = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=1, retries=1, backoff=0.1, retry_budget_s=0)
     with pytest.raises(
         RetrieverUnavailable, match=f"127.0.0.1:{port}/retrieve did not answer after 2 attempts"
     ):
         gone.search(["Paris"], 1)
+    # down for longer than one round of retries: waited for within retry_budget_s, each wait a warning
+    patient = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=1, retries=1, backoff=0.1, retry_budget_s=60)
+    with pytest.raises(RetrieverUnavailable, match="did not answer"):
+        patient.check()  # before a run's first step: no waiting
+    restarted = []
+    timer = threading.Timer(4.0, lambda: restarted.append(start()))
+    timer.start()
+    try:
+        assert patient.search(["Paris"], 1)[0]
+    finally:
+        timer.join()
+        restarted[0].kill()
+        restarted[0].wait()
+    short = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=1, retries=0, backoff=0.1, retry_budget_s=1)
+    with pytest.raises(RetrieverUnavailable, match="waited 1 s for it: env.retriever.args.retry_budget_s"):
+        short.search(["Paris"], 1)
 
 
 def test_clients_that_disconnect_mid_body_leave_one_line_each(bm25):
@@ -354,3 +370,34 @@ def test_a_body_that_never_arrives_is_answered_408_within_the_bound(bm25):
         assert time.monotonic() - t < 8
     finally:
         server.stop()
+
+
+def test_a_run_checks_its_retrieval_server_before_the_first_step(make_exp, tmp_path):
+    """A retrieval server that is not up (or a wrong URL): the run stops before its first step, at once, not
+    after minutes of retries and waiting (`retry_budget_s` applies to a server lost mid-run)."""
+    import socket
+
+    from searchrl.core.config import TrainerConfig
+    from tests.engine.test_trainer import trainer_for
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    exp = make_exp(
+        f"env.retriever={{name: http, args: {{url: 'http://127.0.0.1:{port}', retries: 1, backoff: 0.05}}}}"
+    )
+    tr = trainer_for(
+        exp,
+        "grpo",
+        TrainerConfig(steps=1, batch_size=2, micro_batch_size=8, save_every=10**6),
+        out=tmp_path / "r",
+    )
+    t = time.monotonic()
+    with pytest.raises(
+        RetrieverUnavailable, match=f"127.0.0.1:{port}/retrieve did not answer after 2 attempts"
+    ):
+        tr.run()
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    assert time.monotonic() - t < 10 and (
+        not metrics.exists() or not metrics.read_text().strip()
+    )  # no step ran

@@ -301,6 +301,7 @@ class Trainer:
         step = self.start_step
         preemption = Preemption(cfg.preempt_grace_s)
         preemption.watch()
+        self._check_services()
         if cfg.guards.on_trip == "rollback" and guards.monitors and step == 0 and self.ckpt.latest() is None:
             # the starting point, so that a trip within the first save_every steps has somewhere to roll back to
             with eng.phase("checkpoint", step):
@@ -353,6 +354,14 @@ class Trainer:
                 )
         with eng.phase("final export"):
             return self.ckpt.export_final(self.out / "final")
+
+    def _check_services(self) -> None:
+        """The services the run depends on answer before its first step (a retrieval server a job starts
+        beside training, a wrong URL): a retriever with a ``check`` (the HTTP one) is asked once."""
+        retriever: Any = getattr(self.ctx.env, "retriever", None)
+        retriever = getattr(retriever, "inner", retriever)  # behind the query cache
+        if callable(getattr(retriever, "check", None)):
+            retriever.check()
 
     def _curriculum(self, step: int | None) -> dict[str, float]:
         """A retriever with a schedule over training (the simulated search engine's noise) learns the step

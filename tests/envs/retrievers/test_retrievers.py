@@ -116,7 +116,9 @@ def test_http_client_clear_error_when_server_down():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = HTTPRetriever(f"http://127.0.0.1:{port}/retrieve", timeout=1, retries=2, backoff=0.05)
+    client = HTTPRetriever(
+        f"http://127.0.0.1:{port}/retrieve", timeout=1, retries=2, backoff=0.05, retry_budget_s=0
+    )
     t = time.perf_counter()
     with pytest.raises(
         RetrieverUnavailable, match=r"did not answer after 3 attempts(.|\n)*searchrl serve-retriever"

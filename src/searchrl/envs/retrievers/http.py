@@ -8,12 +8,16 @@ documents per query). Any Search-R1 / FlashRAG-style server works with the clien
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from searchrl.core.errors import SearchRLError
 from searchrl.core.serving import ServiceError, post_json
 from searchrl.data.corpus import Doc
 from searchrl.envs.retrievers.protocol import Retriever
+
+log = logging.getLogger(__name__)
 
 
 class RetrieverUnavailable(SearchRLError, ConnectionError):
@@ -27,33 +31,62 @@ class HTTPRetriever:
         timeout: float = 30.0,
         retries: int = 8,
         backoff: float = 0.5,
+        retry_budget_s: float = 600.0,
     ) -> None:
         """Connection errors, timeouts and HTTP 5xx are retried ``retries`` times, waiting ``backoff`` s, then
-        twice as long each time up to 15 s: about a minute with the defaults, so a run outlives a retrieval
-        server restarted on the same address; past that the run stops with one message naming the URL."""
+        twice as long each time up to 15 s (about a minute with the defaults); a server still down after that
+        is waited for, every 15 s with a warning each time, until ``retry_budget_s`` seconds have passed since
+        the search first failed (a server a scheduler restarts is picked up); past that the run stops with one
+        message naming the URL. `check` (before a run's first step) does not wait: a wrong URL fails at once."""
         self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.retry_budget_s = max(0.0, float(retry_budget_s))
+
+    def check(self) -> None:
+        """One search, retried as `search`'s first attempt is but never waited for past it: a service a job
+        starts beside training (or a wrong URL) is known before the first step, not minutes into it."""
+        self._post(["health check"], 1, budget=0.0)
 
     def search(self, queries: list[str], k: int) -> list[list[Doc]]:
         if not queries:
             return []
-        try:
-            payload = post_json(
-                self.url,
-                {"queries": queries, "topk": k, "return_scores": True},
-                self.timeout,
-                self.retries,
-                self.backoff,
-            )
-        except ServiceError as exc:
-            hint = (
-                ""
-                if exc.status
-                else (
-                    " Is it running? Start one with `searchrl serve-retriever --retriever bm25 --corpus CORPUS`."
+        return self._post(queries, k, self.retry_budget_s)
+
+    def _post(self, queries: list[str], k: int, budget: float) -> list[list[Doc]]:
+        deadline: float | None = None
+        while True:
+            try:
+                payload = post_json(
+                    self.url,
+                    {"queries": queries, "topk": k, "return_scores": True},
+                    self.timeout,
+                    self.retries,
+                    self.backoff,
                 )
-            )
-            raise RetrieverUnavailable(f"retrieval server: {exc}.{hint}") from None
+                break
+            except ServiceError as exc:
+                now = time.monotonic()
+                deadline = now + budget if deadline is None else deadline
+                if (exc.status is not None and exc.status < 500) or now >= deadline:
+                    hint = (
+                        ""
+                        if exc.status
+                        else " Is it running? Start one with `searchrl serve-retriever --retriever bm25 --corpus "
+                        "CORPUS`."
+                    )
+                    waited = (
+                        f" (waited {budget:g} s for it: env.retriever.args.retry_budget_s)" if budget else ""
+                    )
+                    raise RetrieverUnavailable(f"retrieval server: {exc}{waited}.{hint}") from None
+                wait = min(15.0, deadline - now)
+                log.warning(
+                    "retrieval server %s is not answering (%s); waiting for it, %.0f s of retry_budget_s %g left",
+                    self.url,
+                    exc,
+                    deadline - now,
+                    budget,
+                )
+                time.sleep(wait)
         try:
             rows = payload["result"]
             if not isinstance(rows, list) or len(rows) != len(queries):
