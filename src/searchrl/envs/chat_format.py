@@ -91,9 +91,10 @@ class ChatFormat:
     def escape(self, text: str) -> str:
         """``text`` (what a tool returned) with every special token's text broken up by a zero-width space,
         so that it tokenizes as text: a ``<|im_end|>`` in a document must not end the turn in the ids."""
+        text = text.replace(_MARK, "")  # the stand-in's marker is ours alone
         if self._specials is None:
             return text
-        return self._specials.sub(lambda m: m.group(0)[0] + _ZWSP + m.group(0)[1:], text.replace(_MARK, ""))
+        return self._specials.sub(lambda m: m.group(0)[0] + _ZWSP + m.group(0)[1:], text)
 
     def after_tool_calls(self, calls: list[tuple[str, dict[str, Any]]], results: list[str]) -> str:
         """What the template writes after an assistant turn that made ``calls`` (name, arguments), up to

@@ -22,8 +22,8 @@ Whatever a tool does is an observation, never an exception: a call that raises (
 argparse inside a tool included, or an exception whose message itself raises), times out, blocks its event
 loop, ignores cancellation, or returns something that is not text (bytes, tuples, objects) gives the model a
 message; a constructor or ``reset`` that raises makes that episode's calls read why. Each bounded call runs
-in a daemon thread of its own (a coroutine on its own event loop there), so a call past its timeout is left
-behind, its late result dropped, and never delays the interpreter's exit.
+on a daemon thread (reused from call to call; a coroutine on an event loop of that thread), so a call past
+its timeout is left behind on its thread, its late result dropped, and never delays the interpreter's exit.
 """
 
 from __future__ import annotations
