@@ -40,9 +40,16 @@ CALL_ERRORS = (
     "bad_arguments",
     "too_many_calls",
 )
-# why a call that ran gave no answer (ToolResult.error): the tool's failures, not the model's; counted per kind
-# in the rollout metrics (``tool/error_rate``, ``tool/timeout_rate``, …; `searchrl.rollout.episode`)
-TOOL_FAILURES = ("tool_error", "tool_timeout", "non_text_result", "unknown_doc", "empty_query")
+# why a call that ran gave no answer (ToolResult.error): the tool's failures, not the model's; each kind counted
+# in the rollout metrics as ``tool/<name>_rate`` per call run, all of them as ``tool/error_rate``
+# (`searchrl.rollout.episode`)
+TOOL_FAILURES = {
+    "tool_error": "raised",
+    "tool_timeout": "timeout",
+    "non_text_result": "non_text",
+    "unknown_doc": "unknown_doc",
+    "empty_query": "empty_query",
+}
 
 
 @dataclass(frozen=True)

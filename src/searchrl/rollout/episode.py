@@ -14,18 +14,10 @@ from typing import Any
 from searchrl.core.aggregate import Mean, Sum
 from searchrl.core.types import Segment, Step, Trajectory
 from searchrl.envs.search import SearchEnv
+from searchrl.envs.tools import TOOL_FAILURES
 from searchrl.rollout.generator import Generation
 
 FINISH_REASONS = ("answer", "budget", "eos", "length")  # how an episode can end (Trajectory.finish_reason)
-# the tool protocol's failed calls (`envs.tools.TOOL_FAILURES`) -> their metric, ``tool/<name>_rate`` (per call
-# run); ``tool/error_rate`` counts them all
-FAILURE_METRICS = {
-    "tool_error": "raised",
-    "tool_timeout": "timeout",
-    "non_text_result": "non_text",
-    "unknown_doc": "unknown_doc",
-    "empty_query": "empty_query",
-}
 
 
 @dataclass
@@ -70,7 +62,7 @@ class RolloutStats:
             "rollout/tool_calls_per_episode": Mean(runs, self.episodes),
             **per_tool,
             "tool/error_rate": Mean(sum(self.tool_failures.values()), runs),
-            **{f"tool/{name}_rate": Mean(self.tool_failures[k], runs) for k, name in FAILURE_METRICS.items()},
+            **{f"tool/{name}_rate": Mean(self.tool_failures[k], runs) for k, name in TOOL_FAILURES.items()},
         }
 
 
