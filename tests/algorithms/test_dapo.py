@@ -2,6 +2,7 @@
 the config (validated, bad names refused with the valid choices)."""
 
 import logging
+import math
 import random
 
 import pytest
@@ -188,8 +189,11 @@ def test_a_user_loss_by_dotted_path(make_exp):
             "clip_high": 4e-4,
         },
         {"policy_loss": "gmpo", "loss_agg": "seq-mean-token-mean", "dynamic_sampling": {"enabled": True}},
+        {"advantage": "gigpo"},
+        {"advantage": "igpo"},
+        {"advantage": "igpo", "igpo": {"baseline": "turn"}},
     ],
-    ids=["rloo-cispo", "reinforce_pp", "rpp_baseline-gspo", "gmpo-dapo"],
+    ids=["rloo-cispo", "reinforce_pp", "rpp_baseline-gspo", "gmpo-dapo", "gigpo", "igpo", "igpo-turn"],
 )
 def test_variants_train_a_step(make_exp, tmp_path, args):
     exp = make_exp("rollout.temperature=1.0", "rewards=[{name: test_trainer_length}]")
@@ -201,6 +205,10 @@ def test_variants_train_a_step(make_exp, tmp_path, args):
     assert any(not torch.equal(before[k], v) for k, v in tr.policy.named_parameters())
     if args.get("dynamic_sampling"):
         assert m["dapo/groups_short"] == 0 and m["dapo/first_all_equal_frac"] >= 0
+    if args.get("advantage") == "gigpo":  # every episode meets its prompt: a group of 4 at the first step
+        assert m["gigpo/max_step_group"] >= 4 and m["gigpo/step_groups"] >= 2
+    if args.get("advantage") == "igpo":
+        assert math.isfinite(m["igpo/turn_reward"]) and m["igpo/turns_rewarded"] >= 0
 
 
 @pytest.mark.parametrize("staleness", [0, 1])

@@ -33,6 +33,8 @@ for _name in (
     "reinforce_pp_baseline",
 ):
     ADVANTAGES.add_lazy(_name, f"searchrl.algorithms.advantage_estimators:{_name}")
+ADVANTAGES.add_lazy("gigpo", "searchrl.algorithms.gigpo:gigpo")
+ADVANTAGES.add_lazy("igpo", "searchrl.algorithms.igpo:igpo")
 POLICY_LOSSES: Registry[Any] = Registry("policy loss")
 for _name in ("clip", "gspo", "gspo_token", "cispo", "gmpo", "sapo"):
     POLICY_LOSSES.add_lazy(_name, f"searchrl.algorithms.policy_losses:{_name}")

@@ -12,12 +12,15 @@ processes compute what one process holding their union would.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from searchrl.algorithms.advantage_math import broadcast_to_tokens, gae, grpo_outcome, token_rewards
+
+if TYPE_CHECKING:
+    from searchrl.core.types import RolloutBatch
 
 
 @dataclass
@@ -28,6 +31,18 @@ class AdvantageInput:
     kl: torch.Tensor | None  # (B, T) β·KL_t per action token when the KL is in the reward, else None
     cfg: Any  # the algorithm's config (std_normalize, eps)
     sum_all: Callable[[Any], float] = float  # sums a number over processes
+    # the whole batch, for the estimators that read its steps (gigpo's anchor states, igpo's probes); None in
+    # the sequence-level calls over folded episodes (`per_episode`)
+    batch: RolloutBatch | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # what the estimator reports (its step groups, …)
+
+    def steps(self, name: str) -> RolloutBatch:
+        """The batch, for an estimator that reads its steps (``name``: the estimator, for the message)."""
+        if self.batch is None:
+            raise ValueError(
+                f"the {name} advantage reads the batch's steps: GRPO passes them (AdvantageInput.batch)"
+            )
+        return self.batch
 
     def penalised(self) -> torch.Tensor:
         """(B,) r_i − β Σ_t KL_t (the sequence-level KL penalty), or r_i."""
@@ -76,6 +91,8 @@ def reward_to_go(token_reward: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
 
 # the estimators whose advantage is one number per episode, broadcast to its tokens: those `per_episode` takes
 SEQUENCE_LEVEL = ("grpo", "rloo", "reinforce", "reinforce_batch", "reinforce_baseline")
+# the estimators that give each step of an episode its own advantage from the batch's steps (GRPO only)
+TURN_LEVEL = ("gigpo", "igpo")
 
 
 def per_episode(

@@ -81,3 +81,23 @@ def token_rewards(
     b_idx = torch.arange(B, device=loss_mask.device)[:, None].expand_as(step_ends)
     out.index_put_((b_idx[step_mask], step_ends[step_mask]), step_rewards[step_mask].float(), accumulate=True)
     return out
+
+
+def discounted_by_slot(r: dict[int, float], gamma: float) -> dict[int, float]:
+    """Per-step rewards {step slot: r_k} -> their discounted returns {slot: Σ_{j≥k} γ^{j−k} r_j}, in slot order."""
+    out, running = {}, 0.0
+    for k in sorted(r, reverse=True):
+        running = r[k] + gamma * running
+        out[k] = running
+    return out
+
+
+def steps_to_tokens(
+    values: list[dict[int, float]], step_ids: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """Per-row {step slot: advantage} -> (B, T): each step's value on its action tokens, 0 elsewhere."""
+    out = torch.zeros_like(loss_mask)
+    for b, per_step in enumerate(values):
+        for k, v in per_step.items():
+            out[b] += v * (step_ids[b] == k).float()
+    return out * loss_mask

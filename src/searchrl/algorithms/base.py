@@ -43,6 +43,10 @@ class Requirements:
     detach_value_trunk: bool = False  # the value loss trains the head only
     process_reward: bool = False  # the experiment must configure a per-step reward
     acts: bool = True  # the trained model acts (False: a scorer, evaluated guiding a policy)
+    # the algorithm scores teacher-forced continuations with the policy before its advantages (`Algorithm.probes`;
+    # IGPO's answer probes): the trainer runs them in its no-grad pass and puts their mean log-probs in
+    # ``batch.extras.more[PROBE_KEY]`` (B, S), by row and step slot
+    probes: bool = False
 
     def __post_init__(self) -> None:
         if self.samples_per_item < 1:
@@ -51,6 +55,27 @@ class Requirements:
             raise ValueError("pair rows come two per item")
         if not self.online and self.data is None:
             raise ValueError("an offline algorithm names the data it trains on")
+
+
+PROBE_KEY = (
+    "probe_logp"  # batch.extras.more: (B, S) each probe's mean log-prob by row and step slot, NaN where none
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A teacher-forced continuation the trainer scores with the policy before the update: the mean log-prob
+    of ``ids[start:end]`` given what precedes it, filed under (``row``, ``slot``) of the step's batch."""
+
+    row: int
+    slot: int  # the step slot (`RolloutBatch.step_ends`) the probe belongs to
+    ids: list[int]
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.start < self.end <= len(self.ids):
+            raise ValueError(f"a probe scores a non-empty span after its context: [{self.start}, {self.end})")
 
 
 @dataclass
@@ -141,6 +166,10 @@ class Algorithm(ABC):
         for t in trajs:  # group ids unique across processes: one group per question
             t.group_id = indices[t.group_id]
         return trajs, {**stats.metrics(), **c.rewards(trajs)}
+
+    def probes(self, trajs: list[Trajectory], batch: RolloutBatch) -> list[Probe]:
+        """The continuations the trainer scores before `prepare` when the requirements ask (``probes``)."""
+        return []
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Fill ``batch.extras`` (advantages, returns, …) from rewards and the no-grad passes."""

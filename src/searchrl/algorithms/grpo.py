@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import torch
 
 from searchrl.algorithms.advantage_estimators import AdvantageInput, per_episode
-from searchrl.algorithms.base import Algorithm, Requirements, check_group_size
+from searchrl.algorithms.base import Algorithm, Probe, Requirements, check_group_size
 from searchrl.algorithms.correction import RolloutCorrection
 from searchrl.algorithms.dapo import DynamicSampling, dynamic_collect, mask_truncated
+from searchrl.algorithms.gigpo import GiGPOSettings
+from searchrl.algorithms.igpo import IGPOSettings, answer_probes
 from searchrl.algorithms.loss_terms import check_clip, check_stabilisers
 from searchrl.algorithms.policy_losses import batch_policy_loss, check_policy_loss
 from searchrl.core.aggregate import Mean, Sum
@@ -52,7 +54,7 @@ class GroupPolicyConfig:
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
     # the advantage estimator (`algorithms.advantage_estimators`): grpo (eq. 1), rloo, reinforce (no baseline),
     # reinforce_batch (batch-mean baseline), reinforce_baseline (group mean), reinforce_pp (REINFORCE++),
-    # reinforce_pp_baseline, or a dotted path to your own
+    # reinforce_pp_baseline, gigpo and igpo (per-step credit, GRPO only), or a dotted path to your own
     advantage: str = field(default="grpo", metadata={"registry": "advantages"})
     # the policy loss (`algorithms.policy_losses`): clip (eq. 1), gspo, gspo_token, cispo, gmpo, sapo, or a dotted path
     policy_loss: str = field(default="clip", metadata={"registry": "policy_losses"})
@@ -77,6 +79,8 @@ class GRPOConfig(GroupPolicyConfig):
     # DAPO (`algorithms.dapo`): resample questions whose groups' rewards are all equal; and overlong filtering
     dynamic_sampling: DynamicSampling = field(default_factory=DynamicSampling)
     mask_truncated: bool = False  # episodes that ran out of room (finish reason "length") carry no loss
+    gigpo: GiGPOSettings = field(default_factory=GiGPOSettings)  # advantage gigpo's (`algorithms.gigpo`)
+    igpo: IGPOSettings = field(default_factory=IGPOSettings)  # advantage igpo's (`algorithms.igpo`)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,6 +105,7 @@ class GRPO(Algorithm):
             samples_per_item=config.group_size * segments,
             reference=config.kl_coef > 0,
             old_in_prepare=config.kl_in == "reward" and config.kl_coef > 0,
+            probes=config.advantage == "igpo",  # the answer's probability after each turn
         )
 
     @property
@@ -130,6 +135,12 @@ class GRPO(Algorithm):
             trajs = unfold(trajs)
         return trajs, metrics
 
+    def probes(self, trajs: list[Trajectory], batch: RolloutBatch) -> list[Probe]:
+        """IGPO's answer probes: the gold answer teacher-forced before each step (`algorithms.igpo`)."""
+        if self.cfg.advantage != "igpo":
+            return []
+        return answer_probes(trajs, batch, self.ctx.env, self.ctx.tokenizer)
+
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         from searchrl.algorithms import ADVANTAGES
 
@@ -147,12 +158,12 @@ class GRPO(Algorithm):
             metrics["kl/sequence"] = Mean(float(seq_kl.sum()), len(seq_kl))
             kl = self.kl_coef * kl
         sum_all = self.ctx.sum_all if self.ctx is not None else float  # one process: the batch is global
-        x = AdvantageInput(batch.rewards, batch.group_ids, batch.loss_mask, kl, self.cfg, sum_all)
+        x = AdvantageInput(batch.rewards, batch.group_ids, batch.loss_mask, kl, self.cfg, sum_all, batch)
         estimator = ADVANTAGES.get(self.cfg.advantage)
         episodes = batch.extras.episode_ids  # folded episodes: baselines over episodes, not rows
         adv = estimator(x) if episodes is None else per_episode(estimator, x, episodes)
         batch.extras.advantages = adv * batch.loss_mask
-        return metrics
+        return {**metrics, **x.metrics}
 
     def loss(
         self,

@@ -30,6 +30,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from searchrl.algorithms.advantage_estimators import TURN_LEVEL
 from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.grpo import GRPO, GroupPolicyConfig
 from searchrl.core.aggregate import Mean, Sum
@@ -59,6 +60,11 @@ class SLATEConfig(GroupPolicyConfig):
         super().__post_init__()
         if self.k < 2:  # the step-group advantage normalises over the k candidates: one is always 0
             raise ValueError(f"k must be at least 2 (candidates per step; SLATE uses 5), got {self.k}")
+        if self.advantage in TURN_LEVEL:  # a SLATE row is one step already: its group is its step group
+            raise ValueError(
+                f"advantage '{self.advantage}' credits the steps of whole episodes; a SLATE row is one step "
+                "and its candidates already form its step group (eq. 4): use grpo, or algorithm grpo"
+            )
 
 
 def step_reward(

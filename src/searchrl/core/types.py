@@ -185,7 +185,8 @@ class BatchExtras:
     versions: torch.Tensor | None = None  # (B, T) the policy version that sampled each token (asynchronous)
     episode_ids: torch.Tensor | None = None  # (B,) the folded episode of each row (`envs.context`)
     sample_row: torch.Tensor | None = None  # (B,) each row's index in the step's batch (`engine.samples`)
-    more: dict[str, torch.Tensor] = field(default_factory=dict)  # (B, T) or (B,): an algorithm's own
+    # an algorithm's own: (B, T) token-aligned, (B,) per row, or (B, S) per step slot
+    more: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def need(self, name: str) -> torch.Tensor:
         """Field ``name``, which the reader cannot go without: an error naming it when the batch has none (the
@@ -234,9 +235,12 @@ class RolloutBatch:
     def trim(self, width: int) -> RolloutBatch:
         """The first ``width`` positions (right padding past the longest row can be dropped)."""
         fields = {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+        T = self.input_ids.shape[1]
         for k in self.TOKEN_FIELDS:
             fields[k] = fields[k][:, :width]
-        return RolloutBatch(**fields, extras=self.extras.map(lambda v: v[:, :width] if v.dim() == 2 else v))
+        # token-aligned extras are cut with the batch; per-row and per-step-slot ones are kept whole
+        cut = lambda v: v[:, :width] if v.dim() == 2 and v.shape[1] == T else v  # noqa: E731
+        return RolloutBatch(**fields, extras=self.extras.map(cut))
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         fields = {k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}

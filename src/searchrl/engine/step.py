@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from searchrl.algorithms.base import Algorithm, Context, Requirements
+from searchrl.algorithms.base import PROBE_KEY, Algorithm, Context, Requirements
 from searchrl.algorithms.correction import RolloutCorrection, correction_weights
 from searchrl.core.aggregate import Max, Mean, Sum
 from searchrl.core.config import TrainerConfig
@@ -284,6 +284,8 @@ class TrainingStep:
         trajs, batch, local = self._collect_batch(step)
         t_collect = time.perf_counter() - t0
         self._old_and_reference(batch, step)
+        if self.req.probes:
+            self._probe_pass(trajs, batch, step)
         with self.engine.phase("advantages", step):
             local.update(self.algo.prepare(batch))
         sums = self._updates(batch, step)
@@ -336,6 +338,35 @@ class TrainingStep:
         if self.model.reference is not None:
             with eng.phase("reference log-probs", step), self.model.reference.model() as ref:
                 batch.extras.ref_logp = self._no_grad_pass(ref, batch)[0]
+
+    def _probe_pass(self, trajs: list[Trajectory], batch: RolloutBatch, step: int) -> None:
+        """The algorithm's probes (`Algorithm.probes`, IGPO's answer probes) scored by the policy before the
+        update in the no-grad pass: each probe's mean log-prob of its scored span into
+        ``batch.extras.more[PROBE_KEY]`` (B, S) at its row and step slot, NaN where none. Every process
+        runs as many probe rows (the largest count, padded) so a sharded model's gathers line up."""
+        probes = self.algo.probes(trajs, batch)
+        pad = self.model.tokenizer.pad_token_id
+        most = max(self.engine.gather_objects([len(probes)]))
+        out = torch.full(batch.step_mask.shape, float("nan"), device=batch.loss_mask.device)
+        if most:
+            rows = [
+                Trajectory(
+                    trajs[0].example,
+                    [Segment("prompt", p.ids[: p.start]), Segment("action", p.ids[p.start : p.end])],
+                )
+                for p in probes
+            ]
+            rows += [
+                Trajectory(trajs[0].example, [Segment("prompt", [pad]), Segment("action", [pad])])
+                for _ in range(most - len(probes))
+            ]
+            with self.engine.phase("probe log-probs", step):
+                pb = build_batch(rows, pad).to(self.engine.device)
+                logp = self._no_grad_pass(self.model.policy, pb)[0]
+            mean = logp.sum(-1) / pb.loss_mask.sum(-1).clamp(min=1)
+            for i, p in enumerate(probes):
+                out[p.row, p.slot] = mean[i]
+        batch.extras.more[PROBE_KEY] = out
 
     def _updates(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         """``epochs`` passes over the batch in ``mini_batches`` optimizer updates; the summed loss metrics."""

@@ -57,6 +57,10 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+# the thought before the answer IGPO teacher-forces (its code: "Now there's enough information to answer")
+PROBE_THOUGHT = "Now there is enough information to answer."
+
+
 class SearchEnv:
     def __init__(
         self,
@@ -395,6 +399,12 @@ class SearchEnv:
     def write_answer(self, answer: str, note: str = "") -> str:
         """A final answer in this protocol, after a thought that starts with ``note``."""
         return f"{self.tags.think_open} {note}So the answer is {answer}. {self.tags.think_close}\n{self.tags.format_answer(answer)}"
+
+    def answer_probe(self, answer: str) -> str:
+        """``answer`` as this protocol's final answer after a thought that says it is time to answer: the text
+        IGPO teacher-forces after each turn to read the policy's belief in the gold answer (`algorithms.igpo`)."""
+        t = self.tags
+        return f"{t.think_open} {PROBE_THOUGHT} {t.think_close}\n{t.format_answer(answer)}"
 
     def write_forced_answer(self, answer: str) -> str:
         """The answer after the environment opened the answer tag (the turn budget ran out)."""

@@ -57,7 +57,7 @@ from searchrl.core.types import EnvState, StepInfo
 from searchrl.data.corpus import Doc
 from searchrl.data.example import Example
 from searchrl.envs.chat_format import ChatFormat
-from searchrl.envs.search import SearchEnv
+from searchrl.envs.search import PROBE_THOUGHT, SearchEnv
 from searchrl.envs.tags import CHAT_TEMPLATES, ChatTemplate
 from searchrl.envs.tools import CALL_ERRORS, TOOL_FAILURES, Tool, ToolCall, ToolResult, format_tool_docs
 
@@ -372,6 +372,9 @@ class ToolEnv(SearchEnv):
 
     def write_answer(self, answer: str, note: str = "") -> str:
         return f"{self._think(f'{note}So the answer is {answer}.')}{answer}{self.format.end_of_turn}"
+
+    def answer_probe(self, answer: str) -> str:
+        return f"{self._think(PROBE_THOUGHT)}{answer}{self.format.end_of_turn}"
 
     def write_forced_answer(self, answer: str) -> str:
         return (
