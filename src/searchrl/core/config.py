@@ -96,6 +96,9 @@ class TeacherConfig:
     # the question's decomposition: the decision to search on or answer then follows the agent's own last
     # thought instead of the question a whole tool turn back (the tool quickstart; docs/tools.md)
     plan: bool = False
+    # AutoRefine (arXiv 2505.11277): every action after a search's documents opens with <refine> … </refine>,
+    # what the documents establish (the sentence naming the sub-answer, or that nothing new came back)
+    refine: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -53,6 +53,8 @@ TAGSETS: dict[str, TagSet] = {
 ALL_TAG_STRINGS: tuple[str, ...] = tuple(dict.fromkeys(t for ts in TAGSETS.values() for t in ts.all_tags))
 # the tool protocol's markers in Qwen's chat format: one special token each in a local tokenizer built for it
 TOOL_TAG_STRINGS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# AutoRefine's block after each search (arXiv 2505.11277): text the agent writes, never a stop
+REFINE_OPEN, REFINE_CLOSE = "<refine>", "</refine>"
 
 # Prompt templates. `short` suits the tiny local models; the others are the papers' own.
 TEMPLATES: dict[str, str] = {
@@ -64,6 +66,18 @@ TEMPLATES: dict[str, str] = {
         "and </information>. You can search as many times as your want. If you find no further external "
         "knowledge needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
         "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
+    ),
+    # AutoRefine's template (its released code, template_type autorefine), with our tag set's <information>
+    # where AutoRefine writes <documents>
+    "autorefine": (
+        "You are a helpful assistant excel at answering questions with multi-turn search engine calling. To "
+        "answer questions, you must first reason through the available information using <think> and </think>. "
+        "If you identify missing knowledge, you may issue a search request using <search> query </search> at "
+        "any time. The retrieval system will provide you with the three most relevant documents enclosed in "
+        "<information> and </information>. After each search, you need to summarize and refine the existing "
+        "documents in <refine> and </refine>. You may send multiple search requests if needed. Once you have "
+        "sufficient information, provide a concise final answer using <answer> and </answer>. For example, "
+        "<answer> Donald Trump </answer>. Question: {question}\n"
     ),
     # ReSearch Table 1, template for base models.
     "research": (
@@ -126,6 +140,7 @@ RESEARCH_SYSTEM = (
 CHAT_TEMPLATES: dict[str, ChatTemplate] = {
     "search_r1_instruct": ChatTemplate(None, TEMPLATES["search_r1"].rstrip("\n")),
     "research_instruct": ChatTemplate(RESEARCH_SYSTEM, "{question}"),
+    "autorefine_instruct": ChatTemplate(None, TEMPLATES["autorefine"].rstrip("\n")),
     "short_chat": ChatTemplate(
         None, "Question: {question}"
     ),  # the short prompt as a user turn (small models)

@@ -62,6 +62,7 @@ REWARDS.add_lazy("judge", "searchrl.rewards.answer_judge:JudgeReward", kind="out
 REWARDS.add_lazy("gen_acc", "searchrl.rewards.answer_judge:GenAccReward", kind="outcome")
 REWARDS.add_lazy("gbr", "searchrl.rewards.gbr:GainBeyondRAG", kind="outcome")
 REWARDS.add_lazy("research", "searchrl.rewards.research:research_reward", kind="outcome")
+REWARDS.add_lazy("autorefine", "searchrl.rewards.autorefine:autorefine_reward", kind="outcome")
 REWARDS.add_lazy("action_penalty", "searchrl.rewards.outcome:action_penalty_reward", kind="outcome")
 REWARDS.add_lazy("parallel_search", "searchrl.rewards.outcome:parallel_search_reward", kind="outcome")
 REWARDS.add_lazy("overlong", "searchrl.rewards.outcome:overlong_reward", kind="outcome")

@@ -22,6 +22,7 @@ from searchrl.core.errors import DataError
 from searchrl.data.example import Example
 from searchrl.envs.search import EnvState, SearchEnv
 from searchrl.envs.synthetic.world import World
+from searchrl.envs.tags import REFINE_CLOSE, REFINE_OPEN
 
 _NAME = re.compile(r"\b[A-Z][a-z]+(?: University)?\b")
 
@@ -47,6 +48,7 @@ class TeacherEpisode:
         self.early_done = False
         self.repeat_query: str | None = None
         self.just_found = False
+        self.refined = ""  # what the last search's documents established (the refine block)
 
     @property
     def best_answer(self) -> str:
@@ -65,21 +67,33 @@ class TeacherEpisode:
             return ""
         hops, last = self.ex.hops, state.infos[-1]
         self.pending = None
+        self.refined = "Nothing new."
         if self.repeat_query is not None:
             self.repeat_query = None  # that was a redundant repeat: nothing new
             return "Nothing new."
         hop = hops[self.hop]
         # the sub-answer must be readable in what came back (a document cut short does not count)
         if hop.gold_doc_id not in last.doc_ids or hop.answer not in state.observations[-1]:
+            self.refined = "The documents do not say."
             return "Not found."
         self.found.append(hop.answer)
         self.hop, self.key, self.vague_done = self.hop + 1, 0, False
         self.just_found = True
+        self.refined = f"{_sentence_with(state.observations[-1], hop.answer)}."
         if self.cfg.quote:
             return f"Found: {_sentence_with(state.observations[-1], hop.answer)}."
         return f"Found: {hop.answer}."
 
     def next_action(self, state: EnvState) -> str:
+        searched = self.pending is not None and bool(state.infos)
+        action = self._next_action(state)
+        if (
+            self.cfg.refine and searched and not state.force_answer
+        ):  # AutoRefine: what the documents said first
+            return f"{REFINE_OPEN} {self.refined} {REFINE_CLOSE}\n{action}"
+        return action
+
+    def _next_action(self, state: EnvState) -> str:
         cfg, hops = self.cfg, self.ex.hops
         query, self.just_found = self.pending, False
         note = self._read_result(state)
