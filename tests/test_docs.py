@@ -44,6 +44,15 @@ def test_yaml_block_loads(block, tmp_path):
             from_root if from_root.exists() else (REPO / "experiments" / "synthetic" / data["base"]).resolve()
         )
     path = tmp_path / "block.yaml"
+    if {"grid", "variants"} & set(data):  # a sweep file: its runs load and validate (`searchrl sweep`)
+        from searchrl.app.sweep import check, load_sweep
+
+        for var in data.get("variants") or []:
+            if var.get("config"):
+                var["config"] = str((REPO / "experiments" / "synthetic" / var["config"]).resolve())
+        path.write_text(yaml.safe_dump(data))
+        check(load_sweep(path, tmp_path))
+        return
     path.write_text(yaml.safe_dump(data))
     exp = load_experiment(path)
     check_arguments(exp, str(path))

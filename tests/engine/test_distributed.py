@@ -452,3 +452,80 @@ def test_preemption_saves_on_both_processes_exits_75_and_resumes_exactly(
         for k in a:
             if not k.startswith(("time/", "rollout/tokens_per_second", "async/")):
                 assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def machine_cmd(config: str, rank: int, port: int, *overrides: str) -> list[str]:
+    """Machine ``rank`` of two, one process each, the main process at 127.0.0.1:``port`` (docs/distributed.md,
+    "Several machines"); DeepSpeed's multi-node launch as one launcher per node (``standard``), not pdsh."""
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    ds = ["--deepspeed_multinode_launcher", "standard"] if "zero" in config else []
+    return [
+        accelerate,
+        "launch",
+        "--config_file",
+        str(CONFIGS / config),
+        "--num_machines",
+        "2",
+        "--num_processes",
+        "2",
+        "--machine_rank",
+        str(rank),
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        str(port),
+        *ds,
+        "-m",
+        "searchrl",
+        "train",
+        str(REPO / "experiments" / "quickstart.yaml"),
+        *overrides,
+    ]
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_two_machine_ranks_finish_as_one_machine_with_two_processes(
+    tmp_path, world_dir, agent_model_dir, backend
+):
+    """Two machine ranks on this host (`accelerate launch --num_machines 2 --machine_rank 0|1
+    --main_process_ip 127.0.0.1`, one process each), DDP and ZeRO-3: the tiny pipeline (warm start, GRPO,
+    evaluation) finishes with the metrics, results and final weights of one machine with two processes."""
+    from safetensors.torch import load_file
+
+    config = BACKENDS[backend]
+    env = launch_env(config)
+    common = [f"data.world_dir={world_dir}", f"model.path={agent_model_dir}", *TINY_PIPELINE]
+    one, two = tmp_path / "one", tmp_path / "two"
+    launch(quickstart_cmd(config, *common, f"output_dir={one}"), env, tmp_path)
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            machine_cmd(config, r, port, *common, f"output_dir={two}"),
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-6000:]
+    import json
+
+    assert json.loads((two / "results.json").read_text()) == json.loads((one / "results.json").read_text())
+    rows = [
+        [untimed(json.loads(x)) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (one, two)
+    ]
+    assert rows[0] == rows[1]
+    w1, w2 = load_file(one / "final" / "model.safetensors"), load_file(two / "final" / "model.safetensors")
+    assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)

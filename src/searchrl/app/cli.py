@@ -96,6 +96,10 @@ def _add_world(sub: Any) -> None:
     w.set_defaults(fn=commands.cmd_world)
 
 
+def _executor(parser: Any, help: str) -> None:
+    parser.add_argument("--executor", choices=["local", "slurm"], default="local", help=help)
+
+
 def _add_train(sub: Any) -> None:
     tr = sub.add_parser("train", help="train an experiment (warm start, algorithm, evaluation)")
     _experiment(tr)
@@ -110,6 +114,14 @@ def _add_train(sub: Any) -> None:
         "--force",
         action="store_true",
         help="start over in a run directory trained with another config (deletes its results)",
+    )
+    _executor(tr, "local: train here; slurm: submit the run as a SLURM job (through submitit) and return")
+    tr.add_argument(
+        "--slurm",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a job resource with --executor slurm (nodes, gpus_per_node, time_min, partition, …; docs/distributed.md)",
     )
     tr.set_defaults(fn=commands.cmd_train)
 
@@ -260,8 +272,20 @@ def _add_collect_process_data(sub: Any) -> None:
 
 
 def _add_sweep(sub: Any) -> None:
-    w = sub.add_parser("sweep", help="run a grid of experiments (resumable; failures recorded, not fatal)")
-    w.add_argument("sweep", help="the sweep YAML file (base experiment, variants, grid)")
+    w = sub.add_parser(
+        "sweep",
+        help="run a grid of experiments (resumable; failures recorded, not fatal); `sweep status FILE`, "
+        "`sweep collect FILE` read a submitted sweep",
+    )
+    w.add_argument(
+        "sweep",
+        nargs="+",
+        metavar="[status|collect] FILE",
+        help="the sweep YAML file (base experiment, variants, grid), after status or collect to read it",
+    )
+    _executor(
+        w, "local: run here as subprocesses; slurm: submit each run as a job (the file's slurm: resources)"
+    )
     w.add_argument("--jobs", type=int, default=1, help="runs at once on this machine")
     w.add_argument("--dry-run", action="store_true", help="list the runs and their commands")
     w.add_argument(

@@ -280,10 +280,31 @@ def cmd_collect(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from searchrl.app.sweep import load_sweep, run_sweep
+    from searchrl.app.sweep import collect, load_sweep, run_sweep, sweep_status
 
-    sweep = load_sweep(args.sweep, args.root)
-    status = run_sweep(sweep, args.jobs, args.launch_config, args.dry_run)
+    words = list(args.sweep)
+    action = words.pop(0) if len(words) == 2 and words[0] in ("status", "collect") else "run"
+    if len(words) != 1:
+        raise SearchRLError("usage: searchrl sweep [status|collect] SWEEP.yaml [options]")
+    sweep = load_sweep(words[0], args.root)
+    if action == "status":
+        for row in sweep_status(sweep):
+            job = (
+                f"job {row['job_id']} {row['scheduler'] or ''} restarts {row['restarts']}"
+                if row["job_id"]
+                else ""
+            )
+            print(
+                f"{row['status']:<9} {row['run']}  {job}".rstrip()
+                + (f"  log {row['log']}" if row["log"] else "")
+            )
+        return
+    if action == "collect":
+        out = collect(sweep)
+        print((sweep.dir / "results.md").read_text().rstrip())
+        print(f"\n{len(out['runs'])} run(s) done, {len(out['not_done'])} not: {sweep.dir / 'results.json'}")
+        return
+    status = run_sweep(sweep, args.jobs, args.launch_config, args.dry_run, args.executor)
     failed = [n for n, s in status.items() if s.get("status") == "failed"]
     if failed:
         raise SearchRLError(f"{len(failed)} run(s) failed: {', '.join(failed)} (logs in {sweep.dir})")
@@ -352,6 +373,23 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
     exp = load_experiment(args.config, args.overrides)
     resolved = check_experiment(exp, args.config)
+    if args.executor == "slurm" and not args.dry_run:
+        from pathlib import Path
+
+        from searchrl.app.slurm import resources, submit
+
+        res = resources(_kv(args.slurm, "--slurm"), "--slurm")
+        out = Path(exp.out).absolute()
+        train_args = [
+            "train",
+            str(Path(args.config).absolute()),
+            "--resume",
+            *args.overrides,
+            f"output_dir={out}",
+        ]
+        jid = submit(train_args, out, res, exp.name)
+        print(f"submitted {exp.name}: job {jid}; its log {out / 'slurm' / 'run.log'} (squeue -j {jid})")
+        return
     if args.dry_run:
         from searchrl.app.dry_run import dry_run
 
@@ -362,7 +400,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     train(exp, resume=args.resume, force=args.force, resolved=resolved)
 
 
-def _kv(items: list[str]) -> dict:
+def _kv(items: list[str], flag: str = "--arg") -> dict:
     from searchrl.core.loader import parse_assignment
 
-    return dict(parse_assignment(item, "--arg", "key=value") for item in items or [])
+    return dict(parse_assignment(item, flag, "key=value") for item in items or [])

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchrl.app.slurm import ACTIVE, SlurmResources, resources
 from searchrl.core.errors import ConfigError
 
 
@@ -42,12 +43,12 @@ class Run:
     config: Path
     overrides: tuple[str, ...]
     out: Path
+    slurm: SlurmResources | None = None  # the job's resources under --executor slurm
 
-    def command(self, launch_config: str | None = None) -> list[str]:
-        # --resume: a run interrupted mid-way (a killed sweep) continues from its last checkpoint
-        args = [
-            "-m",
-            "searchrl",
+    def train_args(self) -> list[str]:
+        """``train FILE --resume name=… output_dir=… OVERRIDES``: --resume, so that a run interrupted mid-way (a
+        killed sweep, a requeued job) continues from its last checkpoint."""
+        return [
             "train",
             str(self.config),
             "--resume",
@@ -55,9 +56,19 @@ class Run:
             f"output_dir={self.out}",
             *self.overrides,
         ]
+
+    def command(self, launch_config: str | None = None) -> list[str]:
         if launch_config:  # `searchrl launch`: accelerate's launcher with a preempted run's exit code (75)
-            return [sys.executable, "-m", "searchrl", "launch", "--config_file", launch_config, *args[2:]]
-        return [sys.executable, *args]
+            return [
+                sys.executable,
+                "-m",
+                "searchrl",
+                "launch",
+                "--config_file",
+                launch_config,
+                *self.train_args(),
+            ]
+        return [sys.executable, "-m", "searchrl", *self.train_args()]
 
     @property
     def done(self) -> bool:
@@ -90,7 +101,7 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
     spec = load_yaml(path.read_bytes(), str(path)) or {}
     if not isinstance(spec, dict):
         raise ConfigError("the top level must be a mapping", file=str(path), value=type(spec).__name__)
-    allowed = {"name", "base", "variants", "grid", "overrides"}
+    allowed = {"name", "base", "variants", "grid", "overrides", "slurm"}
     for key in spec:
         if key not in allowed:
             raise ConfigError("unknown key", file=str(path), key=key, value=key, choices=sorted(allowed))
@@ -109,10 +120,21 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
     sweep = Sweep(name, root=Path(root))
     seen: set[str] = set()
     for i, var in enumerate(variants):
-        if not isinstance(var, dict) or set(var) - {"name", "config", "overrides"}:
+        if not isinstance(var, dict) or set(var) - {"name", "config", "overrides", "slurm"}:
             raise ConfigError(
-                "each variant is {name, config?, overrides?}", file=str(path), key=f"variants[{i}]", value=var
+                "each variant is {name, config?, overrides?, slurm?}",
+                file=str(path),
+                key=f"variants[{i}]",
+                value=var,
             )
+        job = spec.get("slurm") or {}
+        if not isinstance(job, dict):
+            raise ConfigError("must be a mapping of job resources", file=str(path), key="slurm", value=job)
+        res = resources(
+            {**job, **(var.get("slurm") or {})},
+            str(path),
+            "slurm" if "slurm" not in var else f"variants[{i}].slurm",
+        )
         config = Path(os.path.normpath(here / var["config"])) if var.get("config") else base
         if not config.exists():
             raise ConfigError(
@@ -139,6 +161,7 @@ def load_sweep(path: str | Path, root: str | Path = "runs/sweeps") -> Sweep:
                     config,
                     (*common, *(str(o) for o in var.get("overrides") or []), *grid_over),
                     sweep.dir / run_name,
+                    res,
                 )
             )
     return sweep
@@ -157,10 +180,28 @@ def check(sweep: Sweep) -> None:
             check_stages(exp, resolved, where)
 
 
+def _load_status(sweep: Sweep) -> dict[str, Any]:
+    status_file = sweep.dir / "sweep.json"
+    status: dict[str, Any] = json.loads(status_file.read_text()) if status_file.exists() else {}
+    for r in sweep.runs:
+        if r.done:
+            status[r.name] = {**status.get(r.name, {}), "status": "done"}
+    return status
+
+
+def _save_status(sweep: Sweep, status: dict[str, Any]) -> None:
+    (sweep.dir / "sweep.json").write_text(json.dumps(status, indent=1))
+
+
 def run_sweep(
-    sweep: Sweep, jobs: int = 1, launch_config: str | None = None, dry_run: bool = False
+    sweep: Sweep,
+    jobs: int = 1,
+    launch_config: str | None = None,
+    dry_run: bool = False,
+    executor: str = "local",
 ) -> dict[str, Any]:
-    """Run what is not finished; returns and writes the status of every run (``sweep.json``)."""
+    """Run what is not finished (``executor: local``), or submit it as SLURM jobs (``slurm``: see
+    `submit_sweep`); returns and writes the status of every run (``sweep.json``)."""
     todo = [r for r in sweep.runs if not r.done]
     if dry_run:
         for r in sweep.runs:
@@ -168,11 +209,10 @@ def run_sweep(
         return {}
     check(sweep)
     sweep.dir.mkdir(parents=True, exist_ok=True)
+    if executor == "slurm":
+        return submit_sweep(sweep, launch_config)
     status_file = sweep.dir / "sweep.json"
-    status: dict[str, Any] = json.loads(status_file.read_text()) if status_file.exists() else {}
-    for r in sweep.runs:
-        if r.done:
-            status[r.name] = {**status.get(r.name, {}), "status": "done"}
+    status = _load_status(sweep)
 
     def one(r: Run) -> tuple[str, dict[str, Any]]:
         r.out.mkdir(parents=True, exist_ok=True)
@@ -201,3 +241,106 @@ def run_sweep(
             status_file.write_text(json.dumps(status, indent=1))
     status_file.write_text(json.dumps(status, indent=1))
     return status
+
+
+# ------------------------------------------------------------------ SLURM (`searchrl.app.slurm`)
+
+
+def submit_sweep(sweep: Sweep, launch_config: str | None = None) -> dict[str, Any]:
+    """Each run not done and not already queued or running, submitted as one SLURM job with its resources
+    (``slurm:`` of the sweep file, a variant's own over it); ``--launch-config`` fills a run's
+    ``slurm.launch_config`` where it has none. Writes the job ids into ``sweep.json``."""
+    from dataclasses import replace
+
+    from searchrl.app.slurm import job_states, submit
+
+    status = _load_status(sweep)
+    live = job_states(
+        [str(status[r.name]["job_id"]) for r in sweep.runs if status.get(r.name, {}).get("job_id")]
+    )
+    submitted = 0
+    for r in sweep.runs:
+        jid = str(status.get(r.name, {}).get("job_id", ""))
+        if r.done or (jid and live.get(jid, {}).get("state") in ACTIVE):
+            continue
+        res = r.slurm or SlurmResources()
+        if launch_config and not res.launch_config:
+            res = replace(res, launch_config=launch_config)
+        out = r.out.absolute()
+        args = Run(r.name, r.config.absolute(), r.overrides, out).train_args()
+        jid = submit(args, out, res, f"{sweep.name}-{r.name}")
+        status[r.name] = {"status": "submitted", "job_id": jid, "log": str(out / "slurm" / "run.log")}
+        print(f"submitted {r.name}: job {jid} (logs in {out / 'slurm'})", flush=True)
+        submitted += 1
+        _save_status(sweep, status)
+    print(
+        f"sweep {sweep.name}: {len(sweep.runs)} runs, {submitted} submitted; follow with "
+        f"`searchrl sweep status …`, tables with `searchrl sweep collect …`"
+    )
+    _save_status(sweep, status)
+    return status
+
+
+def sweep_status(sweep: Sweep) -> list[dict[str, Any]]:
+    """Every run's state: done / queued / running / failed (from its results and the scheduler's state of its
+    job), the job id, the scheduler's state and requeue count, and its log; written into ``sweep.json``."""
+    from searchrl.app.slurm import job_states, run_status
+
+    status = _load_status(sweep)
+    jobs = job_states([str(v["job_id"]) for v in status.values() if v.get("job_id")])
+    rows = []
+    for r in sweep.runs:
+        st = status.get(r.name, {})
+        jid = str(st.get("job_id", ""))
+        sched = jobs.get(jid) if jid else None
+        now = run_status(r.out, sched) if jid else ("done" if r.done else st.get("status", "not run"))
+        rows.append(
+            {
+                "run": r.name,
+                "status": now,
+                "job_id": jid or None,
+                "scheduler": (sched or {}).get("state"),
+                "restarts": (sched or {}).get("restarts"),
+                "log": st.get("log"),
+            }
+        )
+        if st:
+            status[r.name] = {**st, "status": now}
+    if sweep.dir.exists():
+        _save_status(sweep, status)
+    return rows
+
+
+def collect(sweep: Sweep) -> dict[str, Any]:
+    """The finished runs' results side by side (each stage's test metrics), the others with their status and
+    log: ``results.json`` and ``results.md`` in the sweep's directory."""
+    rows = sweep_status(sweep)
+    out: dict[str, Any] = {"runs": {}, "not_done": {}}
+    for r, row in zip(sweep.runs, rows):
+        if row["status"] == "done":
+            out["runs"][r.name] = json.loads((r.out / "results.json").read_text())
+        else:
+            out["not_done"][r.name] = {k: row[k] for k in ("status", "job_id", "log")}
+    sweep.dir.mkdir(parents=True, exist_ok=True)
+    (sweep.dir / "results.json").write_text(json.dumps(out, indent=1))
+    metrics = ("em", "f1", "searches_per_question")
+    lines = [
+        f"# sweep {sweep.name}",
+        "",
+        "| run | stage | " + " | ".join(metrics) + " |",
+        "|---|---|" + "---|" * len(metrics),
+    ]
+    for name, results in out["runs"].items():
+        for stage, m in results.items():
+            if isinstance(m, dict):
+                lines.append(f"| {name} | {stage} | " + " | ".join(_fmt(m.get(k)) for k in metrics) + " |")
+    for name, st in out["not_done"].items():
+        lines.append(
+            f"| {name} | {st['status']} (job {st['job_id']}, log {st['log']}) |" + " |" * len(metrics)
+        )
+    (sweep.dir / "results.md").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else ("" if v is None else str(v))
