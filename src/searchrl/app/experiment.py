@@ -297,6 +297,8 @@ def _check_algorithm(exp: Experiment, conf: Any, source: str, training: bool) ->
             )
         if training and req.online:
             _check_context_algorithm(exp, conf, source)
+        if training and exp.algorithm.name == "tree_grpo":
+            _check_tree_tools(exp, source)
         if training and exp.trainer.async_rollout.max_staleness:  # refused before any stage runs
             resamples = getattr(getattr(conf, "dynamic_sampling", None), "enabled", False)
             _check_async(exp, req.online, not algo.episodic, resamples, source)
@@ -310,6 +312,24 @@ def _check_algorithm(exp: Experiment, conf: Any, source: str, training: bool) ->
                 choices=[n for n in REWARDS.names() if REWARDS.meta(n).get("kind") == "process"],
                 hint="add e.g. {name: stepsearch}, or use algorithm ppo for outcome rewards only",
             )
+
+
+def _check_tree_tools(exp: Experiment, source: str) -> None:
+    """Tree rollouts rebuild a node's state from its recorded actions and observations: a user's Python or MCP
+    tools may hold state a replay cannot rebuild (the built-in search and open hold none)."""
+    if exp.env.protocol != "tools":
+        return
+    own = [t.name for t in exp.env.tools if t.name not in ("search", "open")]
+    if own:
+        raise ConfigError(
+            "tree_grpo expands an episode from one of its steps by replaying the steps before it; tools other than "
+            "search and open may keep state that a replay does not rebuild",
+            file=source,
+            key="env.tools",
+            value=own,
+            choices=["search", "open"],
+            hint="train these tools with algorithm grpo (its group of whole episodes)",
+        )
 
 
 def _check_context(exp: Experiment, source: str) -> None:

@@ -65,8 +65,9 @@ def refusal(
         return f"'{algorithm}' trains on given records; asynchronous rollouts are for online algorithms"
     if own_collect:
         return (
-            f"'{algorithm}' collects step by step (each step's continuation is chosen from its candidates' "
-            "rewards), so its episodes cannot run ahead of the trainer; use grpo, ppo or steppo"
+            f"'{algorithm}' collects step by step: it builds its rows from the policy's samples within the step "
+            "(SLATE's candidates of each step, Tree-GRPO's branches from its trees' nodes), so they cannot run "
+            "ahead of the trainer; use grpo, ppo or steppo"
         )
     if resamples:
         return (
