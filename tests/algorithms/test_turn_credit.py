@@ -321,3 +321,15 @@ def test_probe_pass_scores_the_probes_with_the_policy(make_exp, tmp_path):
         logp = torch.log_softmax(logits / exp.rollout.temperature, -1)
         direct = sum(float(logp[t - 1, p.ids[t]]) for t in range(p.start, p.end)) / (p.end - p.start)
         assert float(beliefs[p.row, p.slot]) == pytest.approx(direct, abs=1e-4)
+
+
+def test_igpo_without_a_probe_gives_no_gain_not_nan():
+    """A row whose probes are missing (an example without a gold answer has none) gets no information gain; its
+    last turn keeps its outcome and every advantage stays finite."""
+    _, batch = scripted()
+    batch = with_beliefs(batch)
+    batch.extras.more[PROBE_KEY][1] = float("nan")
+    x = adv_input(batch, GRPOConfig(advantage="igpo", igpo=IGPOSettings(baseline="turn")))
+    adv = igpo(x)
+    assert torch.isfinite(adv).all()
+    assert per_step(adv, batch, 1) == pytest.approx([0.0 - 1.65, 0.0 - 1.45])  # B's first turn: no gain

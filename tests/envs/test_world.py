@@ -67,6 +67,19 @@ def test_one_phrasing_states_every_fact_the_same_way(small_world):
     assert plain.examples("test") == small_world.examples("test")  # the questions do not change
 
 
+def test_coverage_leaves_documents_out_of_the_corpus_only(small_world):
+    """``coverage``: the corpus keeps that share of the entity documents, unchanged; the questions are the
+    same; the full corpus is the default's, byte for byte."""
+    full = small_world.documents()
+    part = World.generate(WorldConfig(**{**small_world.config.__dict__, "coverage": 0.8}))
+    kept = part.documents()
+    assert len(kept) == round(0.8 * len(full))
+    by_id = {d.id: d for d in full}
+    assert all(by_id[d.id] == d for d in kept)  # the same documents, texts unchanged
+    assert part.examples("test") == small_world.examples("test")
+    assert World.generate(WorldConfig(**{**small_world.config.__dict__, "coverage": 1.0})).documents() == full
+
+
 def test_questions_have_decompositions(small_world):
     for split in SPLITS:
         for ex in small_world.examples(split):

@@ -120,6 +120,8 @@ def turn_rewards(x: AdvantageInput, batch: RolloutBatch, gain: str) -> list[dict
                     "the igpo advantage reads the answer probes' log-probs: the trainer computes them"
                 )
             lo, hi = float(beliefs[b, k]), float(beliefs[b, nxt])
+            if math.isnan(lo) or math.isnan(hi):  # no probe (an example without a gold answer): no gain
+                continue
             r[k] += (math.exp(hi) - math.exp(lo)) if gain == "prob" else (hi - lo)
         out.append(r)
     return out

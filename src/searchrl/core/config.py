@@ -31,6 +31,7 @@ AT_LEAST_1: Range = (lambda v: v >= 1, "at least 1")
 AT_LEAST_0: Range = (lambda v: v >= 0, "at least 0")
 POSITIVE: Range = (lambda v: v > 0, "greater than 0")
 AT_LEAST_ONE_NAME: Range = (lambda v: v >= 1, "at least 1 (names invented per entity)")
+SHARE: Range = (lambda v: 0 < v <= 1, "greater than 0 and at most 1")
 PROBABILITY_BELOW_1: Range = (lambda v: 0 <= v < 1, "in [0, 1)")
 UNIT_INTERVAL: Range = (lambda v: 0 < v <= 1, "in (0, 1]")
 
@@ -63,6 +64,9 @@ class WorldConfig:
     # fact sentences per relation that documents use (the first n of schema.RELATIONS' phrasings, which
     # name the subject first); null: all of them. 1 makes reading an answer off a document a fixed pattern
     phrasings: int | None = ranged(None, AT_LEAST_1)
+    # the share of entity documents the retrieval corpus keeps (the rest, drawn with the seed, are left out, and the
+    # questions whose hops need them cannot be answered from retrieval): the corpus-coverage ablation
+    coverage: float = ranged(1.0, SHARE)
 
     def count(self, kind: str) -> int:
         return {

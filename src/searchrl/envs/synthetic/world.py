@@ -121,6 +121,11 @@ class World:
                 body.append(template.format(s=s, x=other.display))
             rng.shuffle(body)
             docs.append(Doc(id=e.id, title=s, text=" ".join([intro, *body])))
+        if self.config.coverage < 1.0:  # the coverage ablation: its own draw, so a full corpus is unchanged
+            keep = random.Random(self.config.seed + 2).sample(
+                range(len(docs)), round(len(docs) * self.config.coverage)
+            )
+            docs = [docs[i] for i in sorted(keep)]
         return docs
 
     # ------------------------------------------------------------------ questions
