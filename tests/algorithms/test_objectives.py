@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from searchrl.algorithms import ADVANTAGES, POLICY_LOSSES
 from searchrl.algorithms.advantage_estimators import (
+    TURN_LEVEL,
     AdvantageInput,
     global_whiten,
     reinforce_pp,
@@ -18,6 +19,7 @@ from searchrl.algorithms.advantage_estimators import (
     rloo,
     rloo_outcome,
 )
+from searchrl.algorithms.grpo import GRPOConfig
 from searchrl.algorithms.policy_losses import cispo, clip, gmpo, gspo, gspo_token
 
 # compares two computation paths of the same numbers: .ci/run runs these again under a second floating-point
@@ -143,6 +145,17 @@ def test_estimators_are_zero_off_the_mask_and_registered():
     mask, _, _, rewards = rand_inputs(1, B=8)
     x = AdvantageInput(rewards, torch.arange(8) // 4, mask, 0.01 * torch.rand_like(mask), CFG)
     for name in ADVANTAGES.names():
+        if (
+            name in TURN_LEVEL
+        ):  # they read a batch's steps: a scripted batch (tests/algorithms/test_turn_credit.py)
+            from tests.algorithms.test_turn_credit import scripted, with_beliefs
+
+            batch = with_beliefs(scripted()[1])
+            cfg = GRPOConfig(advantage=name)
+            xs = AdvantageInput(batch.rewards, batch.group_ids, batch.loss_mask, None, cfg, float, batch)
+            out, m = ADVANTAGES.get(name)(xs), batch.loss_mask
+            assert out.shape == m.shape and float((out * (1 - m)).abs().sum()) == 0.0, name
+            continue
         out = ADVANTAGES.get(name)(x)
         assert out.shape == mask.shape and float((out * (1 - mask)).abs().sum()) == 0.0, name
     assert rloo(x)[0, 0] == pytest.approx(float(rloo_outcome(x.penalised(), x.group_ids)[0]))
