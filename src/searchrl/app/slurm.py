@@ -136,6 +136,7 @@ class SlurmRun:
         self.out = Path(out)
         self.res = res
         self.proc: subprocess.Popen[bytes] | None = None
+        self.attempt: dict[str, Any] = {}  # this attempt's record (attempts.jsonl)
 
     # ------------------------------------------------------------------ in the job
     def command(self) -> list[str]:
@@ -225,7 +226,7 @@ class SlurmRun:
                 "ended": time.time(),
                 "signal": "time limit or preemption notice",
             }
-            _append(self.out / "slurm" / "attempts.jsonl", {**getattr(self, "attempt", {}), **end})
+            _append(self.out / "slurm" / "attempts.jsonl", {**self.attempt, **end})
         return submitit.helpers.DelayedSubmission(SlurmRun(self.train_args, self.out, self.res))
 
 
