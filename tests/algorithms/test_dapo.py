@@ -208,7 +208,9 @@ def test_variants_train_a_step(make_exp, tmp_path, args):
     if args.get("advantage") == "gigpo":  # every episode meets its prompt: a group of 4 at the first step
         assert m["gigpo/max_step_group"] >= 4 and m["gigpo/step_groups"] >= 2
     if args.get("advantage") == "igpo":
-        assert math.isfinite(m["igpo/turn_reward"]) and m["igpo/turns_rewarded"] >= 0
+        assert (
+            math.isfinite(m["igpo/turn_reward"]) and m["igpo/turns_rewarded"] >= 0 and m["time/probe_s"] >= 0
+        )
 
 
 @pytest.mark.parametrize("staleness", [0, 1])

@@ -285,7 +285,9 @@ class TrainingStep:
         t_collect = time.perf_counter() - t0
         self._old_and_reference(batch, step)
         if self.req.probes:
+            t_probe = time.perf_counter()
             self._probe_pass(trajs, batch, step)
+            local["time/probe_s"] = Max(time.perf_counter() - t_probe)
         with self.engine.phase("advantages", step):
             local.update(self.algo.prepare(batch))
         sums = self._updates(batch, step)
