@@ -297,8 +297,17 @@ def _check_algorithm(exp: Experiment, conf: Any, source: str, training: bool) ->
             )
         if training and req.online:
             _check_context_algorithm(exp, conf, source)
-        if training and exp.algorithm.name == "tree_grpo":
+        if training and exp.algorithm.name in BRANCHING:
             _check_tree_tools(exp, source)
+        if training and exp.algorithm.name == "arpo" and exp.rollout.compile:
+            raise ConfigError(
+                "arpo branches where the sampler's entropy rises after a tool response; rollout.compile's "
+                "captured decoding step does not record entropies",
+                file=source,
+                key="rollout.compile",
+                value=exp.rollout.compile,
+                choices=["false"],
+            )
         if training and exp.trainer.async_rollout.max_staleness:  # refused before any stage runs
             resamples = getattr(getattr(conf, "dynamic_sampling", None), "enabled", False)
             _check_async(exp, req.online, not algo.episodic, resamples, source)
@@ -314,16 +323,20 @@ def _check_algorithm(exp: Experiment, conf: Any, source: str, training: bool) ->
             )
 
 
+# algorithms that continue an episode from one of its steps, its state rebuilt by replay (`tree_grpo.node_prefix`)
+BRANCHING = ("tree_grpo", "arpo")
+
+
 def _check_tree_tools(exp: Experiment, source: str) -> None:
-    """Tree rollouts rebuild a node's state from its recorded actions and observations: a user's Python or MCP
-    tools may hold state a replay cannot rebuild (the built-in search and open hold none)."""
-    if exp.env.protocol != "tools":
+    """Tree and branch rollouts rebuild a node's state from its recorded actions and observations: a user's Python
+    or MCP tools may hold state a replay cannot rebuild (the built-in search and open hold none)."""
+    if exp.env.protocol != "tools" or exp.algorithm is None:
         return
     own = [t.name for t in exp.env.tools if t.name not in ("search", "open")]
     if own:
         raise ConfigError(
-            "tree_grpo expands an episode from one of its steps by replaying the steps before it; tools other than "
-            "search and open may keep state that a replay does not rebuild",
+            f"{exp.algorithm.name} continues an episode from one of its steps by replaying the steps before it; "
+            "tools other than search and open may keep state that a replay does not rebuild",
             file=source,
             key="env.tools",
             value=own,

@@ -32,6 +32,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the policy version of each token
+    entropy: list[float] = field(default_factory=list)  # H(π_T) at the first `SamplingParams.entropy_tokens`
     logits_version: int = 0  # the version whose forward produced the row's current logits
 
 
@@ -81,12 +82,18 @@ class HFStream(Requests):
         self._admit()
         if not self.running:
             return []
-        from searchrl.rollout.decoding import cache_kwargs, output_cache, sample
+        from searchrl.rollout.decoding import cache_kwargs, entropy, output_cache, sample
 
         assert self.logits is not None and self.mask is not None and self.pos is not None
         live = [j for j, r in enumerate(self.slots) if r is not None]
         idx = torch.tensor(live, device=self.logits.device)
         tok_live, tok_logp = sample(self.logits[idx], self.params)
+        n_ent = self.params.entropy_tokens  # only the rows still within their first n_ent tokens
+        need = [j for j in live if len(self.slots[j].tokens) < n_ent]  # type: ignore[union-attr]
+        if need:
+            ents = entropy(self.logits[torch.tensor(need, device=idx.device)], self.params).tolist()
+            for j, h in zip(need, ents):
+                self.slots[j].entropy.append(h)  # type: ignore[union-attr]
         gen, done = self.gen, []
         for j, t, lp in zip(live, tok_live.tolist(), tok_logp.tolist()):
             r = self.slots[j]
@@ -95,13 +102,25 @@ class HFStream(Requests):
             r.logprobs.append(lp)
             r.versions.append(r.logits_version)
             if t in gen.eos_ids:
-                done.append((r.key, Generation(r.tokens, r.logprobs, "eos", r.versions)))
+                done.append(
+                    (r.key, Generation(r.tokens, r.logprobs, "eos", r.versions, r.entropy if n_ent else None))
+                )
             elif t in gen.stop_ids or gen.text_stop(r.tokens):
                 if gen.reuse_cache:  # all but the stop token have been fed
                     gen._save(r.key, r.prompt + r.tokens[:-1], self.cache, j, self.mask)
-                done.append((r.key, Generation(r.tokens, r.logprobs, "stop", r.versions)))
+                done.append(
+                    (
+                        r.key,
+                        Generation(r.tokens, r.logprobs, "stop", r.versions, r.entropy if n_ent else None),
+                    )
+                )
             elif len(r.tokens) >= r.max_new_tokens:
-                done.append((r.key, Generation(r.tokens, r.logprobs, "length", r.versions)))
+                done.append(
+                    (
+                        r.key,
+                        Generation(r.tokens, r.logprobs, "length", r.versions, r.entropy if n_ent else None),
+                    )
+                )
             else:
                 continue
             self._free(j)

@@ -27,6 +27,16 @@ def sample(logits_last: torch.Tensor, params: SamplingParams) -> tuple[torch.Ten
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
+def entropy(logits_last: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """H(π_T) = −Σ_v π_T(v) log π_T(v) (nats) of every row's next-token distribution, π_T = softmax(logits / T)
+    as `sample` draws from it (T = 1 when greedy; before the nucleus cut). (B,)"""
+    logits = logits_last.float()
+    if params.temperature > 0:
+        logits = logits / params.temperature
+    logp = F.log_softmax(logits, -1)
+    return -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)  # 0·log 0 = 0
+
+
 def _draw(logp: torch.Tensor) -> torch.Tensor:
     """One token per row from these log-probabilities, by inverting each row's cumulative distribution at
     one uniform draw: the first token whose cumulative mass exceeds it (tokens of zero mass never qualify).

@@ -66,6 +66,11 @@ class RolloutStats:
         }
 
 
+# Trajectory.info key: per step, the sampling distribution's entropy at the step's first tokens (when the sampling
+# parameters ask for it, `SamplingParams.entropy_tokens`), aligned with Trajectory.steps
+STEP_ENTROPY = "step_entropy"
+
+
 def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -130,6 +135,8 @@ def record(
     if g.token_ids:  # an empty generation (never from our backends) has no tokens to train on
         t.segments.append(Segment("action", g.token_ids, g.logprobs, g.versions))
         t.steps.append(Step(segment=len(t.segments) - 1, last_token=len(t) - 1, info=info))
+        if g.entropy is not None:  # asked for (`SamplingParams.entropy_tokens`): one list per step
+            t.info.setdefault(STEP_ENTROPY, []).append(list(g.entropy))
     if obs and env.append_only:
         t.segments.append(Segment("observation", encode(tokenizer, obs)))
     stats.tokens_generated += len(g.token_ids)

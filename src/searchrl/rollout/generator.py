@@ -14,6 +14,9 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     max_new_tokens: int = 64
+    # record the entropy of the sampling distribution at the first n tokens of every generation (ARPO's branching
+    # signal, `algorithms.arpo`); 0: none
+    entropy_tokens: int = 0
 
 
 @dataclass
@@ -23,6 +26,10 @@ class Generation:
     finish: Literal["stop", "eos", "length"]
     # the policy version whose logits sampled each token (asynchronous rollouts; None: the current policy)
     versions: list[int] | None = None
+    # H(π_T) in nats at each of the first ``SamplingParams.entropy_tokens`` tokens (None: not asked). The HF
+    # backends sum over the whole vocabulary; vLLM returns at most its top-k log-probs, so there it is the sum
+    # over those (as ARPO's released code computes it)
+    entropy: list[float] | None = None
 
 
 class Generator(Protocol):

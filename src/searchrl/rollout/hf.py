@@ -26,6 +26,7 @@ from searchrl.rollout.decoding import (  # noqa: F401  (_draw, _top_p: imported 
     _draw,
     _top_p,
     cache_kwargs,
+    entropy,
     last_logits_only,
     model_eos_ids,
     output_cache,
@@ -308,8 +309,12 @@ class HFGenerator:
         rows = list(range(B))  # cache row -> prompt index; finished rows are dropped from the KV cache
         out, mask, last_pos = self._prefill(model, prompts, self._take_saved(keys, prompts))
         cache, logits_last = output_cache(out), out.logits[:, -1, :]
-        for _ in range(params.max_new_tokens):
+        ents: list[list[float]] | None = [[] for _ in range(B)] if params.entropy_tokens > 0 else None
+        for n in range(params.max_new_tokens):
             tok, tok_logp = sample(logits_last, params)
+            if ents is not None and n < params.entropy_tokens:
+                for b, h in zip(rows, entropy(logits_last, params).tolist()):
+                    ents[b].append(h)
             keep = []
             for j, (b, t, lp) in enumerate(zip(rows, tok.tolist(), tok_logp.tolist())):
                 tokens[b].append(t)
@@ -339,4 +344,7 @@ class HFGenerator:
                 **cache_kwargs(model, cache),
             )
             cache, logits_last = output_cache(out), out.logits[:, -1, :]
-        return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish)]  # type: ignore[arg-type]
+        return [
+            Generation(t, lp, f or "length", entropy=None if ents is None else ents[b])  # type: ignore[arg-type]
+            for b, (t, lp, f) in enumerate(zip(tokens, logps, finish))
+        ]

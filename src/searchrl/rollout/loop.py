@@ -11,6 +11,7 @@ starts from the rendered state instead; its trajectory then holds only the lates
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -161,7 +162,7 @@ def _by_room(
 
 
 def _with_max(params: SamplingParams, budget: int) -> SamplingParams:
-    return SamplingParams(temperature=params.temperature, top_p=params.top_p, max_new_tokens=max(1, budget))
+    return dataclasses.replace(params, max_new_tokens=max(1, budget))
 
 
 def rollout(

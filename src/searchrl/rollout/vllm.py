@@ -19,6 +19,7 @@ only when this backend is chosen. Checked on the CPU build of vLLM (tests marked
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -138,7 +139,7 @@ class VLLMGenerator:
             self.sync()
         sp = self._sampling(params, params.max_new_tokens)
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
-        return [self._generation(o.outputs[0]) for o in outs]
+        return [self._generation(o.outputs[0], params) for o in outs]
 
     @contextmanager
     def stream(self, params: SamplingParams, versions: bool = False) -> Iterator[VLLMStream]:
@@ -160,7 +161,7 @@ class VLLMGenerator:
             temperature=params.temperature,
             top_p=params.top_p,
             max_tokens=max_new_tokens,
-            logprobs=0,
+            logprobs=ENTROPY_TOP_K if params.entropy_tokens else 0,
             stop_token_ids=sorted(self.stop_ids | self.eos_ids),
             stop=self.stop_texts or None,
             include_stop_str_in_output=True,
@@ -172,12 +173,18 @@ class VLLMGenerator:
         sp.output_kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
         return sp
 
-    def _generation(self, o: Any) -> Generation:
+    def _generation(self, o: Any, params: SamplingParams) -> Generation:
         ids = list(o.token_ids)
-        return self._finished(ids, _logprobs(ids, o.logprobs), o.finish_reason)
+        ent = _entropies(o.logprobs, params.entropy_tokens) if params.entropy_tokens else None
+        return self._finished(ids, _logprobs(ids, o.logprobs), o.finish_reason, entropy=ent)
 
     def _finished(
-        self, ids: list[int], lps: list[float], reason: str | None, versions: list[int] | None = None
+        self,
+        ids: list[int],
+        lps: list[float],
+        reason: str | None,
+        versions: list[int] | None = None,
+        entropy: list[float] | None = None,
     ) -> Generation:
         if ids and ids[-1] in self.eos_ids:
             finish = "eos"
@@ -185,7 +192,7 @@ class VLLMGenerator:
             finish = "stop"
         else:
             finish = "length"
-        return Generation(ids, lps, finish, versions)  # type: ignore[arg-type]
+        return Generation(ids, lps, finish, versions, entropy)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------- weights
     def sync(self, reset_prefix_cache: bool = True) -> None:
@@ -232,6 +239,7 @@ class VLLMStream:
         self.track = versions  # False: only finished outputs (no per-step delta), versions left empty
         self.keys: dict[str, Hashable] = {}  # request id -> key
         self.partial: dict[str, tuple[list[int], list[float], list[int]]] = {}  # ids, log-probs, versions
+        self.entropy: dict[str, list[float]] = {}  # request id -> H at its first `params.entropy_tokens`
         self.count = 0
         self.version = 0
 
@@ -258,11 +266,19 @@ class VLLMStream:
             ids += new
             lps += _logprobs(new, out.logprobs)
             versions += [self.version] * len(new)
+            n_ent = self.params.entropy_tokens
+            if n_ent:
+                ent = self.entropy.setdefault(o.request_id, [])
+                ent += _entropies(out.logprobs, n_ent - len(ent))
             if getattr(o, "finished", False):
                 del self.partial[o.request_id]
                 vs = versions if self.track else None
+                ent_done = self.entropy.pop(o.request_id, []) if n_ent else None
                 done.append(
-                    (self.keys.pop(o.request_id), self.gen._finished(ids, lps, out.finish_reason, vs))
+                    (
+                        self.keys.pop(o.request_id),
+                        self.gen._finished(ids, lps, out.finish_reason, vs, ent_done),
+                    )
                 )
         return done
 
@@ -271,6 +287,18 @@ class VLLMStream:
             self.engine.abort_request(list(self.keys))
             self.keys.clear()
             self.partial.clear()
+            self.entropy.clear()
+
+
+# log-probs vLLM returns per position when entropies are asked: ARPO's released code asks 10 and sums over them; 20 is
+# vLLM's default cap (``max_logprobs``)
+ENTROPY_TOP_K = 20
+
+
+def _entropies(logprobs: Any, n: int) -> list[float]:
+    """−Σ p log p over the top-k log-probs vLLM returned at each of the first ``n`` positions (a truncation of
+    H(π_T), as ARPO's code computes it from vLLM's output)."""
+    return [-sum(math.exp(x.logprob) * x.logprob for x in d.values()) for d in (logprobs or [])[: max(n, 0)]]
 
 
 def _logprobs(ids: list[int], logprobs: Any) -> list[float]:
