@@ -48,15 +48,10 @@ def one(model_dir: str, rows: list[tuple[int, int, int]], micro: int, mode: str,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from searchrl.core.functional import masked_sum
     from searchrl.models.lean_head import add_lean_head
-    from searchrl.models.packing import pack
-    from searchrl.models.policy import forward_lean
-    from searchrl.models.prefix import attention_for, pack_shared
 
     torch.manual_seed(0)
     model = add_lean_head(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
-    kind = model.config._attn_implementation
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     contexts: dict[int, torch.Tensor] = {}
@@ -73,8 +68,31 @@ def one(model_dir: str, rows: list[tuple[int, int, int]], micro: int, mode: str,
             ids[b, :c], ids[b, c : c + a] = ctx, torch.randint(3, vocab, (a,), generator=g)
             attn[b, : c + a], mask[b, c : c + a] = 1, 1
         batches.append((ids, attn, mask))
-    run_tokens = 0
-    times = []
+    times, run_tokens = timed_passes(model, batches, mode, repeats)
+    real = sum(c + a for _, c, a in rows)
+    best = min(times[1:])
+    return {
+        "mode": mode,
+        "real_tokens": real,
+        "tokens_run": run_tokens,
+        "s_per_pass": best,
+        "tokens_per_s": real / best,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def timed_passes(model, batches: list, mode: str, repeats: int) -> tuple[list[float], int]:
+    """Seconds of each round of forward + backward passes over ``batches`` ((ids, attention, loss mask) each),
+    padded, packed or packed with shared prefixes (``mode``), the first round a warm-up; and the tokens run."""
+    import torch
+
+    from searchrl.core.functional import masked_sum
+    from searchrl.models.packing import pack
+    from searchrl.models.policy import forward_lean
+    from searchrl.models.prefix import attention_for, pack_shared
+
+    kind = model.config._attn_implementation
+    times, run_tokens = [], 0
     for _ in range(repeats + 1):  # the first round warms up
         t0, run_tokens = time.perf_counter(), 0
         for ids, attn, mask in batches:
@@ -88,17 +106,9 @@ def one(model_dir: str, rows: list[tuple[int, int, int]], micro: int, mode: str,
                 lp, _, _ = forward_lean(model, p.input_ids, a, p.loss_mask, 1.0, position_ids=p.position_ids)
                 m, run_tokens = p.loss_mask, run_tokens + p.input_ids.numel()
             masked_sum(lp, m).backward()
+            model.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
-    real = sum(c + a for _, c, a in rows)
-    best = min(times[1:])
-    return {
-        "mode": mode,
-        "real_tokens": real,
-        "tokens_run": run_tokens,
-        "s_per_pass": best,
-        "tokens_per_s": real / best,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
+    return times, run_tokens
 
 
 def main() -> None:

@@ -64,6 +64,7 @@ ONLINE = (
     "grpo-packed",
     "grpo-balanced",
     "grpo-lora",
+    "grpo-lora-packed",
     "grpo-checkpointing",
     "ppo",
     "ppo-lora",
@@ -80,6 +81,13 @@ CASES: dict[str, dict[str, Any]] = {
     # whole groups moved between the processes to even out their tokens (`trainer.balance_ranks`)
     "grpo-balanced": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "balance": True},
     "grpo-lora": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "lora": True},
+    # packed with shared prefixes (a group's prompt once; `models.prefix`), under LoRA
+    "grpo-lora-packed": {
+        "algorithm": "grpo",
+        "args": {"group_size": 2, "kl_coef": 0.05},
+        "lora": True,
+        "packing": True,
+    },
     # activations recomputed in the backward pass (`model.gradient_checkpointing`; under ZeRO-3 the recompute
     # gathers each layer's parameters again)
     "grpo-checkpointing": {

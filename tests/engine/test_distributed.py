@@ -230,15 +230,25 @@ def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> N
 
 
 @pytest.mark.numerics  # compared across processes and paths: run again under .ci/run's second float path
-@pytest.mark.parametrize("other", ["grpo-full-logits", "grpo-packed", "grpo-balanced", "grpo-checkpointing"])
-def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, other):
+@pytest.mark.parametrize(
+    ("reference", "other"),
+    [
+        ("grpo", "grpo-full-logits"),
+        ("grpo", "grpo-packed"),
+        ("grpo", "grpo-balanced"),
+        ("grpo", "grpo-checkpointing"),
+        ("grpo-lora", "grpo-lora-packed"),
+    ],
+)
+def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, reference, other):
     """The same first step (same seed, so the same rollouts) with log-probs from the full logits and from
     the lean path (output layer at action tokens only; under ZeRO-3 the layer's weight is gathered), with
-    each micro-batch packed into one row (`trainer.packing`) against padded rows, and with whole groups moved
-    between the processes to balance their tokens (`trainer.balance_ranks`), and with the layers' activations
-    recomputed in the backward pass (`model.gradient_checkpointing`)."""
+    each micro-batch packed (`trainer.packing`, a group's shared prompt run once: `trainer.share_prefix`)
+    against padded rows, full and LoRA, and with whole groups moved between the processes to balance their
+    tokens (`trainer.balance_ranks`), and with the layers' activations recomputed in the backward pass
+    (`model.gradient_checkpointing`)."""
     _, out = run
-    base, variant = ranks(out, "grpo")[0], ranks(out, other)[0]
+    base, variant = ranks(out, reference)[0], ranks(out, other)[0]
     assert [t.token_ids for t in base["collected"]] == [t.token_ids for t in variant["collected"]]
     a, b = untimed(base["logged"][0]), untimed(variant["logged"][0])
     if other == "grpo-balanced":
@@ -247,7 +257,7 @@ def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, other
     assert a.keys() == b.keys()
     for k in a:
         assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-5), k
-    sa = torch.load(out / "grpo" / "state-after-step-1.pt")
+    sa = torch.load(out / reference / "state-after-step-1.pt")
     sb = torch.load(out / other / "state-after-step-1.pt")
     assert all(torch.allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6) for k in sa)
 

@@ -3,6 +3,8 @@ log-probs, values and gradients, on the tiny Qwen2 model, under LoRA, and throug
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from searchrl.core.config import TrainerConfig
 from searchrl.core.functional import token_logprobs
@@ -186,16 +188,13 @@ def candidates(vocab, context, suffixes, others=(), seed=0):
 def test_shared_context_layout():
     ids, attn, loss = candidates(50, 6, [2, 3, 1], others=[4])
     p = pack_shared(ids, attn, loss)
-    # the context but its last token once, then that token and each candidate's rest
-    assert p.input_ids[0].tolist()[:5] == ids[0, :5].tolist()
-    assert p.position_ids[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 5, 6, 7, 8, 5, 6]
+    # the context once, then for each further candidate its context's last token again and its rest: 14 columns,
+    # the unrelated row in a row of its own; positions restart at 5 at each candidate's segment
+    pos0 = p.position_ids[0].tolist()
+    assert p.input_ids.shape == (2, 14) and pos0[:5] == [0, 1, 2, 3, 4] and pos0.count(5) == 3
     assert torch.equal(p.unpack(p.input_ids), ids) and torch.equal(p.unpack(p.loss_mask), loss)
-    a = p.attention[0, 0]
-    assert (
-        a[7, :5].all() and a[7, 5:8].all() and not a[7, 8:].any()
-    )  # candidate 1 sees the context and itself
-    assert a[10, :5].all() and not a[10, 5:8].any() and a[10, 8:11].all()  # candidate 2 not candidate 1
-    assert not a[:5, 5:].any()  # the context sees none of them
+    assert_tree_invariants(p, ids, attn)
+    assert not p.attention[0, 0, :5, 5:].any()  # the context sees no candidate
     assert p.attention.any(-1).all()  # every query attends somewhere (padding: itself)
     assert pack_shared(*right_padded(50, [5, 2, 4])) is None  # nothing shared: plain packing
     # a long suffix costs more as one row than as separate rows: not shared
@@ -212,7 +211,7 @@ def test_shared_context_equals_padded(tiny_model_dir, lora, kind):
     torch.nn.init.normal_(model.value_head.weight, std=0.1)
     ids, attn, loss = candidates(model.config.vocab_size, 30, [6, 11, 4, 8], others=[17, 9], seed=3)
     p = pack_shared(ids, attn, loss)
-    assert len(set(p.src.tolist())) == attn.sum() - 3 * 29  # the context ran once for its four rows
+    assert len(set(p.src.tolist())) == attn.sum() - 3 * 30  # the context is read once for its four rows
 
     mask = attention_for(p.attention, kind, torch.float32)
     (lp0, v0, g0), (lp1, v1, g1) = padded_and_packed(model, ids, attn, loss, p, mask)
@@ -272,3 +271,166 @@ def test_a_slate_step_with_shared_contexts_equals_padded(make_exp, tmp_path, lea
     assert any(calls)  # the candidates' states were shared
     assert metrics[0]["train/loss"] == pytest.approx(metrics[1]["train/loss"], abs=1e-5)
     assert_same_gradients(*grads)
+
+
+# ------------------------------------------------------------------ prefix trees (`models.prefix`)
+def tree_rows(vocab, seed=0, system_n=60):
+    """Rows as a GRPO step on the tool format and branched episodes make them: a 60-token system prompt every row
+    begins with; question A's prompt (5 more) with two episodes that share their first action (4 trained tokens)
+    and observation (3) and then differ, and a third that differs from its first action on; question B's prompt
+    with two episodes; and one row that shares nothing. Loss on action tokens only, shared ones included."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
+    system, qa, qb = r(system_n), r(5), r(6)
+    act, obs = r(4), r(3)
+    spans = [  # (tokens, trained) pieces per row
+        [(system + qa, 0), (act, 1), (obs, 0), (r(5), 1)],
+        [(system + qa, 0), (act, 1), (obs, 0), (r(7), 1)],
+        [(system + qa, 0), (r(6), 1)],
+        [(system + qb, 0), (r(9), 1)],
+        [(system + qb, 0), (r(4), 1)],
+        [(r(10), 0), (r(5), 1)],
+    ]
+    rows = [[t for toks, _ in s for t in toks] for s in spans]
+    masks = [[m for toks, m in s for _ in toks] for s in spans]
+    T = max(map(len, rows))
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    attn, loss = torch.zeros_like(ids), torch.zeros(len(rows), T)
+    for b, (row, m) in enumerate(zip(rows, masks)):
+        ids[b, : len(row)], attn[b, : len(row)], loss[b, : len(m)] = (
+            torch.tensor(row),
+            1,
+            torch.tensor(m).float(),
+        )
+    return ids, attn, loss
+
+
+def assert_tree_invariants(p, ids, attn):
+    """Every (row, position) is read at a packed column whose visible keys are exactly that row's positions
+    0 … t, one each, with its tokens, and whose predecessor in the packed row is its position t − 1."""
+    B, T = ids.shape
+    assert torch.equal(p.unpack(p.input_ids), ids * attn)
+    C = p.input_ids.shape[1]
+    col = torch.full((B * T,), -1, dtype=torch.long)
+    col[p.index] = p.src
+    for b in range(B):
+        for t in range(int(attn[b].sum())):
+            q = int(col[b * T + t])
+            r, c = divmod(q, C)
+            keys = p.attention[r, 0, c].nonzero().flatten()
+            seen = sorted((int(p.position_ids[r, k]), int(p.input_ids[r, k])) for k in keys)
+            assert seen == [(s, int(ids[b, s])) for s in range(t + 1)], (b, t)
+            if t:
+                assert int(p.position_ids[r, c - 1]) == t - 1 and int(p.input_ids[r, c - 1]) == int(
+                    ids[b, t - 1]
+                )
+
+
+def test_prefix_tree_layout_and_invariants():
+    ids, attn, loss = tree_rows(5000)  # a vocabulary large enough that no own tokens coincide
+    p = pack_shared(ids, attn, loss)
+    assert p is not None and torch.equal(p.unpack(p.loss_mask), loss)
+    assert_tree_invariants(p, ids, attn)
+    total = int(attn.sum())
+    # read once: the system prompt (60) for five rows, A's prompt (5) for three, A's shared turn (7) for two,
+    # B's prompt (6) for two
+    assert p.input_ids.shape[0] == 2 and len(set(p.src.tolist())) == total - (60 * 4 + 5 * 2 + 7 + 6)
+    # a short system prompt is not worth one long row: the layout then shares within questions only
+    short = pack_shared(*tree_rows(5000, system_n=12)[:2], tree_rows(5000, system_n=12)[2])
+    assert short is not None and short.input_ids.numel() <= 147
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_prefix_tree_invariants_on_random_trees(data):
+    """Random rows grown as a tree (each row branches off an earlier one at a random point, or starts anew),
+    random lengths and a random order: the packing's reads and masks keep every row's own causal view."""
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
+    rows: list[list[int]] = []
+    for _ in range(data.draw(st.integers(1, 9))):
+        if rows and data.draw(st.booleans()):
+            base = rows[data.draw(st.integers(0, len(rows) - 1))]
+            cut = data.draw(st.integers(0, len(base)))
+            rows.append(
+                base[:cut] + torch.randint(3, 9, (data.draw(st.integers(1, 12)),), generator=g).tolist()
+            )
+        else:
+            rows.append(torch.randint(3, 9, (data.draw(st.integers(1, 20)),), generator=g).tolist())
+    T = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (T - len(r)) for r in rows])
+    attn = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    p = pack_shared(ids, attn, attn.float())
+    if p is not None:
+        assert_tree_invariants(p, ids, attn)
+
+
+@pytest.mark.parametrize("kind", ["sdpa", "eager"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_prefix_tree_equals_padded(tiny_model_dir, lora, kind):
+    """Shared trained tokens (a branched episode's first action) included: log-probs, values and gradients of
+    the tree-packed batch equal the padded batch's."""
+    model = PolicyWithValue(_load(tiny_model_dir, lora))
+    lm = model.lm.get_base_model() if lora else model.lm
+    lm.config._attn_implementation = kind
+    torch.nn.init.normal_(model.value_head.weight, std=0.1)
+    ids, attn, loss = tree_rows(model.config.vocab_size, seed=2)
+    p = pack_shared(ids, attn, loss)
+    mask = attention_for(p.attention, kind, torch.float32)
+    (lp0, v0, g0), (lp1, v1, g1) = padded_and_packed(model, ids, attn, loss, p, mask)
+    assert (lp0 - lp1).abs().max() < 1e-5 and (v0 - v1).abs().max() < 1e-5
+    assert g0.keys() == g1.keys() and g0
+    assert max(float((g0[k] - g1[k]).abs().max() / g0[k].abs().max().clamp(min=1e-6)) for k in g0) < 1e-5
+
+
+def test_prefix_tree_on_qwens_real_vocabulary_with_a_system_prompt(qwen_model_dir, qwen_tok):
+    """Chat-format rows at Qwen2.5's vocabulary: one system prompt with a tool schema, two questions, episodes
+    of which two share a first tool call and its response: the lean path's log-probs and entropies equal the
+    padded batch's, and the system prompt runs once."""
+    from transformers import AutoModelForCausalLM
+
+    model = add_lean_head(AutoModelForCausalLM.from_pretrained(qwen_model_dir, dtype=torch.float32))
+    system = (
+        '<|im_start|>system\nYou can call {"name": "search", "parameters": {"query": "string"}}.<|im_end|>\n'
+    )
+    call = '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query": "Keve"}}\n</tool_call><|im_end|>\n'
+    response = "<|im_start|>user\n<tool_response>\nKeve is a 1990 film.\n</tool_response><|im_end|>\n"
+    pieces = [
+        [
+            (system + "<|im_start|>user\nWho directed Keve?<|im_end|>\n", 0),
+            (call, 1),
+            (response, 0),
+            ("<|im_start|>assistant\nAnn Lee<|im_end|>", 1),
+        ],
+        [
+            (system + "<|im_start|>user\nWho directed Keve?<|im_end|>\n", 0),
+            (call, 1),
+            (response, 0),
+            ("<|im_start|>assistant\nBo<|im_end|>", 1),
+        ],
+        [
+            (system + "<|im_start|>user\nWhere was Ann Lee born?<|im_end|>\n", 0),
+            ("<|im_start|>assistant\nParis<|im_end|>", 1),
+        ],
+    ]
+    rows, masks = [], []
+    for row in pieces:
+        toks = [qwen_tok(text, add_special_tokens=False)["input_ids"] for text, _ in row]
+        rows.append([t for x in toks for t in x])
+        masks.append([m for x, (_, m) in zip(toks, row) for _ in x])
+    T = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (T - len(r)) for r in rows])
+    attn = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    loss = torch.tensor([m + [0] * (T - len(m)) for m in masks]).float()
+    p = pack_shared(ids, attn, loss)
+    assert p is not None and p.input_ids.shape[0] == 1
+    assert_tree_invariants(p, ids, attn)
+    n_system = len(qwen_tok(system, add_special_tokens=False)["input_ids"])
+    assert (
+        len(set(p.src.tolist())) <= int(attn.sum()) - 2 * n_system
+    )  # the system prompt once, not three times
+    mask = attention_for(p.attention, "sdpa", torch.float32)
+    lp0, e0, _ = forward_lean(model, ids, attn, loss, 1.0, entropy=True)
+    lp1, e1, _ = forward_lean(
+        model, p.input_ids, mask, p.loss_mask, 1.0, entropy=True, position_ids=p.position_ids
+    )
+    assert (lp0 - p.unpack(lp1)).abs().max() < 1e-5 and (e0 - p.unpack(e1)).abs().max() < 1e-5

@@ -392,9 +392,11 @@ class TrainerConfig:
     # every pass's micro-batch as one row of its real tokens, no padding (`models.packing`): the same
     # log-probs, losses and gradients (to float rounding) for less compute when lengths differ
     packing: bool = False
-    # with packing: rows whose context (everything before their first trained token) is the same run it once
-    # (SLATE's and RAG-Gym's candidates of one step, a question's episodes; `models.prefix`), where the
-    # attention kernel takes a custom mask (SDPA, eager) and it costs less than separate rows
+    # with packing: every prefix that rows of a micro-batch share runs once, forward and backward, the rows laid
+    # out as a prefix tree (a system prompt and tool schemas, a question's prompt, the turns branches of one
+    # episode share, SLATE's and RAG-Gym's candidates of one step; `models.prefix`); micro-batches are cut in
+    # token order so that such rows meet. Where the attention kernel takes a custom mask (SDPA, eager) and it
+    # costs less than separate rows
     share_prefix: bool = True
     # several processes: after the collection, whole groups move between processes so that each trains on a
     # similar number of tokens (`engine.balance`); the update is the same, the slowest process less slow

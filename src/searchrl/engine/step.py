@@ -137,7 +137,7 @@ class TrainingStep:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (B, T) of the action tokens, and values (B, T) when asked, in micro-batches."""
         model = self.engine.for_no_grad(model)
-        order = batch.attention_mask.sum(-1).argsort(stable=True)
+        order = torch.tensor(self._length_order(batch), dtype=torch.long)
         out = torch.zeros_like(batch.loss_mask)
         vals = torch.zeros_like(batch.loss_mask) if values else None
         for i in range(0, len(batch), self.shape.micro):
@@ -213,7 +213,17 @@ class TrainingStep:
         return out
 
     def _length_order(self, batch: RolloutBatch) -> list[int]:
-        """Rows by length (less padding per micro-batch); pairs stay adjacent, by their longer row."""
+        """The order rows are cut into micro-batches. With shared prefixes (``trainer.packing`` and
+        ``trainer.share_prefix``): by their tokens, so that rows sharing a prefix (a group's prompt, a system
+        prompt, branches of one episode) meet in one micro-batch, where `models.prefix` runs it once (packing
+        removes the padding a mixed-length micro-batch would carry). Otherwise by length (less padding per
+        micro-batch). Pairs stay adjacent, by their first row's tokens or their longer row."""
+        if self.cfg.packing and self.cfg.share_prefix:
+            ids, real = batch.input_ids.tolist(), batch.attention_mask.sum(-1).tolist()
+            key = lambda r: ids[r][: int(real[r])]  # noqa: E731
+            if self.req.rows != "pairs":
+                return sorted(range(len(batch)), key=key)
+            return [r for p in sorted(range(0, len(batch), 2), key=key) for r in (p, p + 1)]
         lengths = batch.attention_mask.sum(-1)
         if self.req.rows != "pairs":
             return lengths.argsort(stable=True).tolist()

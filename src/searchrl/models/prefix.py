@@ -1,24 +1,26 @@
-"""Packing with shared prefixes: rows of a micro-batch whose context is the same token sequence (SLATE's
-and RAG-Gym's k candidates of one step, a question's G episodes) run that context once.
+"""Packing with shared prefixes: the rows of a micro-batch laid out as a prefix tree, so that every prefix
+several rows share runs once in the forward and the backward: SLATE's and RAG-Gym's k candidates of one
+step, a question's G episodes (their prompt), a system prompt with tool schemas that every row begins with,
+and the turns that branches of one episode share (Tree-GRPO, ARPO).
 
-A row's context is everything before its first loss token (SLATE's candidates: the whole recorded state).
-Rows with the same context of P tokens are laid out in one packed row as
+Rows sorted by their tokens share with their predecessor the longest prefix they share with any earlier row
+(L tokens). In one packed row, the first row is laid out whole and each next one adds a segment
 
-    context[0 .. P-2] | context[P-1], rest of candidate 1 | context[P-1], rest of candidate 2 | …
+    row 1 whole | token L₂−1 of row 2, rest of row 2 | token L₃−1 of row 3, rest of row 3 | …
 
-with positions 0 … P-2, then P-1, P, … again for every candidate, and a 4-D attention mask in which the
-shared part is causal and each candidate's segment sees the shared part and itself, causally. The context's
-last token is repeated at the head of every segment (one token per candidate) so that each segment's first
-loss token is predicted from the position just before it in the row, as everywhere else: the log-prob,
-entropy and value of every original (row, position) are then read from one packed position, and the
-context's positions are read, and their gradients summed, from the shared ones. Results equal the padded
-batch's (tests/models/test_packing.py). Rows that share nothing, or for which sharing costs more (the
-attention of one long row grows with its square), are packed as in `models.packing`, their blocks causal
-in the same mask.
+with positions L−1, L, … for a segment, and a 4-D attention mask in which each segment sees its path's first
+L − 1 tokens (where earlier rows put them) and itself, causally. The shared prefix's last token is repeated
+at the head of every segment (one token per row) so that the segment's first own token is predicted from the
+position just before it in the packed row, as everywhere else: the log-prob, entropy and value of every
+original (row, position) are then read from one packed position, the shared ones where they were first
+placed, so their gradients sum over the rows that share them; a head's repeat is never read. Results equal
+the padded batch's (tests/models/test_packing.py). Which consecutive rows share one packed row is chosen to
+minimise the cost of the packed rows' tokens and attention (∝ width², `_cost`, paid on every packed row's
+whole width); where no layout that shares costs less than plain packing, the micro-batch is packed plainly.
 
 The mask is custom, so sharing needs an attention kernel that takes one: SDPA (a boolean mask) or eager (an
 additive one). With another (flash-attention's variable-length kernel), `prefix_mask_kind` is None and the
-trainer packs without sharing.
+trainer packs without sharing (`models.packing`).
 """
 
 from __future__ import annotations
@@ -58,95 +60,132 @@ def _cost(n: int) -> int:
     return n + n * n // 1024
 
 
-def _chunks(members: list[int], lengths: list[int], p: int) -> list[list[int]]:
-    """The members of one context group in chunks of the size that costs least (size 1: not shared)."""
-    best: tuple[int, int] | None = None
-    for m in range(1, len(members) + 1):
-        parts = [members[i : i + m] for i in range(0, len(members), m)]
-        cost = sum(
-            _cost(lengths[c[0]]) if len(c) == 1 else _cost(p - 1 + sum(lengths[b] - p + 1 for b in c))
-            for c in parts
-        )
-        if best is None or cost < best[0]:
-            best = (cost, m)
-    assert best is not None
-    m = best[1]
-    return [members[i : i + m] for i in range(0, len(members), m)]
+def _lcp(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The length of the longest common prefix of two 1-D token tensors."""
+    n = min(len(a), len(b))
+    diff = (a[:n] != b[:n]).nonzero()
+    return int(diff[0]) if len(diff) else n
+
+
+def _segments(order: list[int], lengths: list[int], lcps: list[int], cap: int) -> list[list[int]]:
+    """Consecutive runs of the sorted rows, chosen by dynamic programming to minimise the summed `_cost` of their
+    widths, none wider than ``cap`` but a single row (a run's width: its first member whole, then each next
+    member from its shared prefix's last token on where it shares 2 or more tokens with the one before it, else
+    whole)."""
+    n = len(order)
+    best = [0] + [None] * n  # best[i]: least cost of the first i sorted rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        tail = 0  # the tokens rows order[i+1:j] add after their predecessors
+        for i in range(j - 1, -1, -1):  # the run order[i:j]; its width grows as i moves left
+            if i < j - 1:
+                tail += _own(lengths[order[i + 1]], lcps[i + 1])
+            width = lengths[order[i]] + tail
+            if i < j - 1 and width > cap:
+                break
+            c = best[i] + _cost(width)  # type: ignore[operator]
+            if best[j] is None or c < best[j]:  # type: ignore[operator]
+                best[j], cut[j] = c, i
+    runs, j = [], n
+    while j > 0:
+        runs.append(order[cut[j] : j])
+        j = cut[j]
+    return runs[::-1]
+
+
+def _layout(
+    order: list[int], lengths: list[int], lcps: list[int], at_sorted: dict[int, int]
+) -> tuple[list[list[list[int]]], int] | None:
+    """The cheapest layout: packed rows (each a list of runs side by side) and their width, or None when the best
+    shares nothing. Every packed row costs `_cost` of the common width (padding and attention are paid on the
+    whole row), so run widths are capped at a few multiples of the longest row and the runs first-fitted into
+    rows; plain packing (`models.packing`: one row per run of unrelated rows) is the layout to beat."""
+    longest = max(lengths[b] for b in order)
+    plain = len(first_fit([lengths[b] for b in order], longest)) * _cost(longest)
+    best: tuple[int, list[list[list[int]]], int] | None = None
+    for cap in sorted({longest * k for k in (1, 2, 3, 4, 6, 8)} | {int(longest * 1.5)}):
+        runs = _segments(order, lengths, lcps, cap)
+        if all(all(lcps[at_sorted[b]] < 2 for b in run[1:]) for run in runs):
+            continue  # this cap shares nothing
+        widths = [
+            lengths[run[0]] + sum(_own(lengths[b], lcps[at_sorted[b]]) for b in run[1:]) for run in runs
+        ]
+        width = max(widths)
+        bins = [[runs[i] for i in row] for row in first_fit(widths, width)]
+        cost = len(bins) * _cost(width)
+        if cost < plain and (best is None or cost < best[0]):
+            best = (cost, bins, width)
+    return None if best is None else (best[1], best[2])
+
+
+def _own(length: int, lcp: int) -> int:
+    """Tokens a row adds after the row before it: from its shared prefix's last token on, or all of it."""
+    return length - lcp + 1 if lcp >= 2 else length
 
 
 def pack_shared(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
 ) -> Packed | None:
-    """The right-padded micro-batch packed with shared contexts and its 4-D mask (``Packed.attention``); None
-    when no context is worth sharing (pack it with `models.packing.pack`)."""
+    """The right-padded micro-batch packed as a prefix tree with its 4-D mask (``Packed.attention``), or None
+    when nothing is worth sharing (pack it with `models.packing.pack`).
+
+    The rows are sorted by their tokens, so that each shares with the row before it the longest prefix it
+    shares with any row before it (L tokens). The first row of a packed row is laid out whole; each next one
+    adds only a segment: its L-th token again, then its own tokens, with positions L − 1, L, …, attending to its
+    path's first L − 1 tokens where the rows before it put them and to its segment, causally. Every token of
+    every row is read (log-prob, entropy, value) at one packed position whose predecessor in the row is its own
+    predecessor in the sequence: the repeated token at a segment's head is never read, its predecessor being
+    elsewhere; the shared positions are read where they were first placed, so their gradients sum over the
+    rows that share them. A group's prompt, a system prompt that every row begins with, and the turns that
+    branches of one episode share (Tree-GRPO, ARPO) each run once."""
     B, T = input_ids.shape
     real = attention_mask.bool()
     if (real[:, 1:] & ~real[:, :-1]).any():
         raise ValueError("packing expects right-padded rows (a real token after padding)")
     lengths = [int(n) for n in real.sum(-1)]
-    firsts = []
-    for b in range(B):
-        hits = loss_mask[b, : lengths[b]].nonzero()
-        firsts.append(int(hits[0]) if len(hits) else lengths[b])
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for b in range(B):
-        if 2 <= firsts[b] < lengths[b]:  # a context of 2 or more tokens, then something to train on
-            groups.setdefault(tuple(input_ids[b, : firsts[b]].tolist()), []).append(b)
-    shared = [
-        (len(key), c)
-        for key, members in groups.items()
-        for c in _chunks(members, lengths, len(key))
-        if len(c) > 1
-    ]
-    if not shared:
+    rows = [input_ids[b, : lengths[b]] for b in range(B)]
+    order = sorted((b for b in range(B) if lengths[b]), key=lambda b: rows[b].tolist())  # empty rows: nothing
+    if not order:
         return None
-    done = {b for _, c in shared for b in c}
-    rest = [b for b in range(B) if b not in done]
-    capacity = max([lengths[b] for b in rest], default=1)
-    plain = [[rest[i] for i in row] for row in first_fit([lengths[b] for b in rest], capacity)]
-    widths = [p - 1 + sum(lengths[b] - p + 1 for b in c) for p, c in shared] + [capacity] * len(plain)
-    R, C, dev = len(widths), max(widths), input_ids.device
+    lcps = [0] + [
+        min(_lcp(rows[order[k - 1]], rows[order[k]]), lengths[order[k]] - 1) for k in range(1, len(order))
+    ]
+    at_sorted = {b: k for k, b in enumerate(order)}
+    layout = _layout(order, lengths, lcps, at_sorted)
+    if layout is None:
+        return None  # nothing worth sharing: plain packing
+    bins, C = layout
+    R, dev = len(bins), input_ids.device
     ids = torch.zeros((R, C), dtype=input_ids.dtype, device=dev)
     lmask = torch.zeros((R, C), dtype=loss_mask.dtype, device=dev)
     pos = torch.zeros((R, C), dtype=torch.long, device=dev)
     allow = torch.zeros((R, 1, C, C), dtype=torch.bool, device=dev)
-    index: list[torch.Tensor] = []
-    src: list[torch.Tensor] = []
     causal = torch.ones((C, C), dtype=torch.bool, device=dev).tril()
-
-    def place(r: int, at: int, b: int, start: int, end: int, first_pos: int) -> None:
-        """Tokens start … end-1 of row b at packed positions at … of row r; sets ids, loss, positions, map."""
-        n = end - start
-        ids[r, at : at + n] = input_ids[b, start:end]
-        lmask[r, at : at + n] = loss_mask[b, start:end]
-        pos[r, at : at + n] = torch.arange(first_pos, first_pos + n, device=dev)
-        index.append(torch.arange(b * T + start, b * T + end, device=dev))
-        src.append(torch.arange(r * C + at, r * C + at + n, device=dev))
-
-    for r, (p, members) in enumerate(shared):
-        head = members[0]
-        place(r, 0, head, 0, p - 1, 0)  # the shared context but its last token, read by every member
-        allow[r, 0, : p - 1, : p - 1] = causal[: p - 1, : p - 1]
-        for b in members[1:]:
-            index.append(torch.arange(b * T, b * T + p - 1, device=dev))
-            src.append(torch.arange(r * C, r * C + p - 1, device=dev))
-        at = p - 1
-        for b in members:
-            n = lengths[b] - p + 1
-            place(r, at, b, p - 1, lengths[b], p - 1)
-            allow[r, 0, at : at + n, : p - 1] = True
-            allow[r, 0, at : at + n, at : at + n] = causal[:n, :n]
-            at += n
-        _pad_tail(allow, pos, r, at, C, int(pos[r, at - 1]) + 1)
-    for r, members in enumerate(plain, start=len(shared)):
+    read: dict[int, torch.Tensor] = {}  # row -> (length,) packed column of each of its positions
+    for r, row in enumerate(bins):
         at = 0
-        for b in members:
-            n = lengths[b]
-            place(r, at, b, 0, n, 0)
-            allow[r, 0, at : at + n, at : at + n] = causal[:n, :n]
-            at += n
-        _pad_tail(allow, pos, r, at, C, lengths[members[-1]])
-    out = Packed(ids, pos, lmask, torch.cat(index), torch.cat(src), (B, T))
+        for b, prev in ((b, run[k - 1] if k else None) for run in row for k, b in enumerate(run)):
+            n, lcp = lengths[b], lcps[at_sorted[b]]
+            share = lcp if prev is not None and lcp >= 2 else 0
+            start = max(share - 1, 0)  # a shared row repeats its shared prefix's last token at its head
+            m = n - start
+            ids[r, at : at + m] = input_ids[b, start:n]
+            lmask[r, at : at + m] = loss_mask[b, start:n]
+            pos[r, at : at + m] = torch.arange(start, n, device=dev)
+            allow[r, 0, at : at + m, at : at + m] = causal[:m, :m]
+            cols = torch.arange(at, at + m, device=dev)
+            if share:
+                assert prev is not None
+                allow[r, 0, at : at + m, read[prev][: share - 1]] = True  # its path's shared tokens
+                cols = torch.cat([read[prev][:share], cols[1:]])  # the head's repeat is never read
+            read[b] = cols
+            at += m
+        _pad_tail(allow, pos, r, at, C, int(pos[r, at - 1]) + 1)
+    index = torch.cat([torch.arange(b * T, b * T + lengths[b], device=dev) for b in range(B)])
+    src_by_row = {b: r * C + read[b] for r, row in enumerate(bins) for run in row for b in run}
+    none = torch.zeros(0, dtype=torch.long, device=dev)
+    src = torch.cat([src_by_row.get(b, none) for b in range(B)])
+    out = Packed(ids, pos, lmask, index, src, (B, T))
     out.attention = allow
     return out
 

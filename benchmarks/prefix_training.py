@@ -1,0 +1,183 @@
+"""Shared-prefix training (`trainer.share_prefix` with `trainer.packing`, `models.prefix`) against the same
+micro-batches unshared: the training pass's forward + backward (the lean log-prob path, every action token
+trained) in tokens/s and seconds per training batch, on four shapes of a GRPO step, each with and without
+sharing in one run:
+
+- ``quickstart``: the tag quickstart's model; 16 questions × 8 episodes, a 20-token prompt per question, 40-160
+  tokens after it (actions and documents); micro-batches of 32;
+- ``tools``: the same model with the tool quickstart's shape: a 244-token system prompt with the tool schema
+  that every row begins with, a 16-token question, 60-240 tokens of turns; micro-batches of 32;
+- ``instruct-1024`` / ``instruct-2048``: a random model at Qwen2.5-0.5B's width, heads and vocabulary (151,936)
+  with ``--layers`` of its 24 layers (the CPU's time; every layer costs the same), one group of 8 episodes
+  with a 1,024- or 2,048-token instruct prompt and 256 tokens each after it; micro-batches of 8.
+
+Modes: ``padded`` (the default trainer), ``packed`` (``trainer.packing``, no sharing), ``shared`` (packing and
+sharing). Micro-batches are cut in token order (what the trainer does with sharing on) for all three. Each
+(shape, mode) runs in its own process (its peak resident memory is its own); the first round warms up, the
+best of ``--repeats`` is kept. Writes benchmarks/results/prefix_training.json.
+
+    python benchmarks/prefix_training.py --model runs/quickstart/sft/final [--layers 2] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+# name: (model, questions, group, system prompt, question prompt, (min, max) tokens after it, micro-batch)
+SHAPES = {
+    "quickstart": ("tiny", 16, 8, 0, 20, (40, 160), 32),
+    "tools": ("tiny", 16, 8, 244, 16, (60, 240), 32),
+    "instruct-1024": ("0.5b", 1, 8, 0, 1024, (256, 256), 8),
+    "instruct-2048": ("0.5b", 1, 8, 0, 2048, (256, 256), 8),
+}
+MODES = ("padded", "packed", "shared")
+
+
+def model_of(kind: str, tiny_dir: str, layers: int):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from searchrl.models.lean_head import add_lean_head
+
+    torch.manual_seed(0)
+    if kind == "tiny":
+        m = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    else:  # Qwen2.5-0.5B's shape (its config.json), fewer layers
+        cfg = Qwen2Config(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=layers,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+            attn_implementation="sdpa",
+        )
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return add_lean_head(m)
+
+
+def rows_of(shape: str, vocab: int, seed: int):
+    """(ids, trained-from) per row: every row begins with the shared system prompt, then its question's
+    prompt, then its own tokens (trained)."""
+    import torch
+
+    _, questions, group, system_n, prompt_n, (lo, hi), _ = SHAPES[shape]
+    g = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    system = torch.randint(3, vocab, (system_n,), generator=g).tolist()
+    rows = []
+    for _ in range(questions):
+        prompt = system + torch.randint(3, vocab, (prompt_n,), generator=g).tolist()
+        for _ in range(group):
+            own = torch.randint(3, vocab, (rng.randint(lo, hi),), generator=g).tolist()
+            rows.append((prompt + own, len(prompt)))
+    return rows
+
+
+def one(shape: str, mode: str, tiny_dir: str, layers: int, repeats: int, seed: int) -> dict:
+    import torch
+
+    model = model_of(SHAPES[shape][0], tiny_dir, layers)
+    rows = sorted(
+        rows_of(shape, model.config.vocab_size, seed), key=lambda r: r[0]
+    )  # the trainer's token order
+    micro = SHAPES[shape][6]
+    batches = []
+    for i in range(0, len(rows), micro):
+        chunk = rows[i : i + micro]
+        T = max(len(r) for r, _ in chunk)
+        ids = torch.zeros(len(chunk), T, dtype=torch.long)
+        attn, mask = torch.zeros_like(ids), torch.zeros(len(chunk), T)
+        for b, (r, first) in enumerate(chunk):
+            ids[b, : len(r)], attn[b, : len(r)], mask[b, first : len(r)] = torch.tensor(r), 1, 1
+        batches.append((ids, attn, mask))
+    from shared_prefix import timed_passes  # benchmarks/shared_prefix.py, beside this script
+
+    times, run_tokens = timed_passes(model, batches, mode, repeats)
+    real = sum(len(r) for r, _ in rows)
+    best = min(times[1:])
+    return {
+        "shape": shape,
+        "mode": mode,
+        "rows": len(rows),
+        "real_tokens": real,
+        "tokens_run": run_tokens,
+        "s_per_batch": round(best, 3),
+        "tokens_per_s": round(real / best, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="the tag quickstart's model directory (the tiny shapes)")
+    p.add_argument("--layers", type=int, default=2, help="layers of the Qwen2.5-0.5B-shaped model")
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "prefix_training.json"))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        spec = json.loads(a.child)
+        print(json.dumps(one(spec["shape"], spec["mode"], a.model, a.layers, a.repeats, a.seed)))
+        return
+    results = []
+    for shape in a.shapes:
+        for mode in MODES:
+            cmd = [sys.executable, __file__, "--model", a.model, "--layers", str(a.layers)]
+            cmd += ["--repeats", str(a.repeats), "--seed", str(a.seed)]
+            cmd += ["--child", json.dumps({"shape": shape, "mode": mode})]
+            out = (
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
+            r = json.loads(out)
+            results.append(r)
+            print(
+                f"{shape:14s} {mode:7s}: {r['s_per_batch']:8.2f} s, {r['tokens_per_s']:9.0f} tok/s, "
+                f"{r['tokens_run']:7d} tokens run for {r['real_tokens']} real, peak RSS {r['peak_rss_mb']} MB",
+                flush=True,
+            )
+    speedups = {}
+    for shape in a.shapes:
+        by = {r["mode"]: r for r in results if r["shape"] == shape}
+        speedups[shape] = {
+            "shared_vs_packed": round(by["packed"]["s_per_batch"] / by["shared"]["s_per_batch"], 2),
+            "shared_vs_padded": round(by["padded"]["s_per_batch"] / by["shared"]["s_per_batch"], 2),
+        }
+    summary = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
+        "model": a.model,
+        "qwen_shape_layers": a.layers,
+        "shapes": {
+            k: dict(zip(("model", "questions", "group", "system", "prompt", "own", "micro"), v))
+            for k, v in SHAPES.items()
+            if k in a.shapes
+        },
+        "results": results,
+        "speedup": speedups,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(summary, indent=1))
+    print(json.dumps(speedups, indent=1))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
