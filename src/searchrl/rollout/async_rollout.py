@@ -66,7 +66,7 @@ def refusal(
     if own_collect:
         return (
             f"'{algorithm}' collects step by step: it builds its rows from the policy's samples within the step "
-            "(SLATE's candidates of each step, Tree-GRPO's branches from its trees' nodes), so they cannot run "
+            "(SLATE's candidates of each step, Tree-GRPO's and ARPO's branches from earlier steps), so they cannot run "
             "ahead of the trainer; use grpo, ppo or steppo"
         )
     if resamples:
