@@ -120,8 +120,6 @@ def shared_prefix_mean(adv: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
 class ARPO(GRPO):
     Config: ClassVar[type] = ARPOConfig
     episodic = False  # rows come from branches built in `collect`, not from the rollout worker's chains
-    question: dict[int, int]  # row (by id) -> its question's index in this collection
-    h_init: dict[int, float]  # row (by id) -> H_initial, its chain's first step's entropy
 
     @classmethod
     def requires(cls, config: ARPOConfig, env: EnvConfig) -> Requirements:  # type: ignore[override]
@@ -151,21 +149,22 @@ class ARPO(GRPO):
         rows: list[list[Trajectory]] = [
             chains[q * cfg.initial_rollouts : (q + 1) * cfg.initial_rollouts] for q in range(len(indices))
         ]
-        self.question = {id(t): q for q, group in enumerate(rows) for t in group}
-        self.h_init = {id(t): step_entropy(t, 0) or 0.0 for t in chains}
+        # row (by id) -> its question's index here, and its H_initial (its chain's first step's entropy)
+        question = {id(t): q for q, group in enumerate(rows) for t in group}
+        h_init = {id(t): step_entropy(t, 0) or 0.0 for t in chains}
         budget = [cfg.group_size - cfg.initial_rollouts] * len(indices)
         rng = random.Random(f"arpo:{self.step}:{indices}")
         tally: dict[str, Any] = {"points": 0, "branches": 0, "tokens": 0, "deltas": []}
         frontier = [(t, 0) for t in chains]  # rows whose steps from this one on are candidate points
         while frontier and any(b > 0 for b in budget):
-            kids = self._branch_round(frontier, budget, rng, tally)
+            kids = self._branch_round(frontier, question, h_init, budget, rng, tally)
             if not kids:
                 break
             before = sum(k.episode.generated_tokens for k, _ in kids)
             self._run([k for k, _ in kids], sampling, stats)
             tally["tokens"] += sum(k.episode.generated_tokens for k, _ in kids) - before
             for kid, _ in kids:
-                rows[self.question[id(kid)]].append(kid)
+                rows[question[id(kid)]].append(kid)
             tally["branches"] += len(kids)
             frontier = kids
         fill = [
@@ -202,6 +201,8 @@ class ARPO(GRPO):
     def _branch_round(
         self,
         frontier: list[tuple[Trajectory, int]],
+        question: dict[int, int],
+        h_init: dict[int, float],
         budget: list[int],
         rng: random.Random,
         tally: dict[str, Any],
@@ -219,11 +220,11 @@ class ARPO(GRPO):
         )
         kids: list[tuple[Trajectory, int]] = []
         for s, _, t in candidates:
-            q = self.question[id(t)]
+            q = question[id(t)]
             if budget[q] <= 0:
                 continue
             tally["points"] += 1
-            delta = ((step_entropy(t, s + 1) or 0.0) - self.h_init[id(t)]) / log_v
+            delta = ((step_entropy(t, s + 1) or 0.0) - h_init[id(t)]) / log_v
             tally["deltas"].append(delta)
             for _ in range(min(cfg.beam_size - 1, budget[q])):
                 if not branch_taken(rng.random(), delta, cfg.branch_probability, cfg.entropy_weight):
@@ -231,7 +232,7 @@ class ARPO(GRPO):
                 kid = node_prefix(t, s, self.ctx.env)
                 kid.info[STEP_ENTROPY] = [list(e) for e in t.info.get(STEP_ENTROPY, [])[: s + 1]]
                 kid.info["arpo_branch_step"] = s + 1  # the steps it shares with the row it branched from
-                self.question[id(kid)], self.h_init[id(kid)] = q, self.h_init[id(t)]
+                question[id(kid)], h_init[id(kid)] = q, h_init[id(t)]
                 budget[q] -= 1
                 kids.append((kid, s + 1))
         return kids

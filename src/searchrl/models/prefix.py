@@ -94,7 +94,7 @@ def _segments(order: list[int], lengths: list[int], lcps: list[int], cap: int) -
 
 
 def _layout(
-    order: list[int], lengths: list[int], lcps: list[int], at_sorted: dict[int, int]
+    order: list[int], lengths: list[int], lcps: list[int]
 ) -> tuple[list[list[list[int]]], int] | None:
     """The cheapest layout: packed rows (each a list of runs side by side) and their width, or None when the best
     shares nothing. Every packed row costs `_cost` of the common width (padding and attention are paid on the
@@ -103,13 +103,12 @@ def _layout(
     longest = max(lengths[b] for b in order)
     plain = len(first_fit([lengths[b] for b in order], longest)) * _cost(longest)
     best: tuple[int, list[list[list[int]]], int] | None = None
+    lcp_of = dict(zip(order, lcps))  # row -> what it shares with the row before it in token order
     for cap in sorted({longest * k for k in (1, 2, 3, 4, 6, 8)} | {int(longest * 1.5)}):
         runs = _segments(order, lengths, lcps, cap)
-        if all(all(lcps[at_sorted[b]] < 2 for b in run[1:]) for run in runs):
+        if all(all(lcp_of[b] < 2 for b in run[1:]) for run in runs):
             continue  # this cap shares nothing
-        widths = [
-            lengths[run[0]] + sum(_own(lengths[b], lcps[at_sorted[b]]) for b in run[1:]) for run in runs
-        ]
+        widths = [lengths[run[0]] + sum(_own(lengths[b], lcp_of[b]) for b in run[1:]) for run in runs]
         width = max(widths)
         bins = [[runs[i] for i in row] for row in first_fit(widths, width)]
         cost = len(bins) * _cost(width)
@@ -150,8 +149,8 @@ def pack_shared(
     lcps = [0] + [
         min(_lcp(rows[order[k - 1]], rows[order[k]]), lengths[order[k]] - 1) for k in range(1, len(order))
     ]
-    at_sorted = {b: k for k, b in enumerate(order)}
-    layout = _layout(order, lengths, lcps, at_sorted)
+    lcp_of = dict(zip(order, lcps))
+    layout = _layout(order, lengths, lcps)
     if layout is None:
         return None  # nothing worth sharing: plain packing
     bins, C = layout
@@ -165,7 +164,7 @@ def pack_shared(
     for r, row in enumerate(bins):
         at = 0
         for b, prev in ((b, run[k - 1] if k else None) for run in row for k, b in enumerate(run)):
-            n, lcp = lengths[b], lcps[at_sorted[b]]
+            n, lcp = lengths[b], lcp_of[b]
             share = lcp if prev is not None and lcp >= 2 else 0
             start = max(share - 1, 0)  # a shared row repeats its shared prefix's last token at its head
             m = n - start
