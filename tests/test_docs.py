@@ -26,6 +26,7 @@ BLOCKS = [
 @pytest.fixture(autouse=True)
 def user_modules(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "examples" / "custom_reward"))  # the README's `my_rewards`
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "agents"))  # docs/agents.md's `openai_search_agent`
 
 
 def test_docs_have_yaml_blocks():

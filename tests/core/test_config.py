@@ -65,7 +65,8 @@ def test_unknown_key_names_file_key_and_suggestion(tmp_path):
     msg = str(e.value)
     assert str(f) in msg and "key 'env.topkk': unknown key" in msg
     assert (
-        "valid: agent, call_format, chat_kwargs, context, doc_format, doc_max_words, max_parallel_queries, max_query_chars"
+        "valid: agent, agent_program, call_format, chat_kwargs, context, doc_format, doc_max_words, max_parallel_queries,"
+        " max_query_chars"
         in msg
         and "did you mean 'topk'?" in msg
     )
@@ -186,7 +187,9 @@ def test_resolved_config_round_trips(tmp_path):
     assert again == exp
 
 
-def test_every_shipped_experiment_validates():
+def test_every_shipped_experiment_validates(monkeypatch):
+    # synthetic/grpo_agent.yaml's program, on PYTHONPATH as the file's header says to run it
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "agents"))
     files = sorted((REPO / "experiments").rglob("*.yaml"))
     files = [f for f in files if "accelerate" not in f.parts and "sweeps" not in f.parts]
     assert files

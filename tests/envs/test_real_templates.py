@@ -118,7 +118,6 @@ def test_qwen35_thinking_turns_start_inside_the_reasoning(tokenizer):
         ("gemma3", "Gemma"),
         ("gemma4", "Gemma 4"),
         ("gptoss", "gpt-oss"),
-        ("glm4moe", "GLM-4.5"),
         ("deepseekv3", "DeepSeek"),
     ],
 )
@@ -135,6 +134,55 @@ def test_families_we_do_not_read_are_refused_by_name(tokenizer, template, family
         return
     with pytest.raises(DataError, match=f"in {family}"):
         ToolEnv(CountingRetriever(), fmt)
+
+
+def glm(name: str, **arguments) -> str:
+    """A GLM-4.5 calling turn as its template writes one, ended as the model ends it."""
+    from searchrl.envs.call_formats import write
+
+    return f"\n<think></think>\n{write('glm45', name, arguments)}<|observation|>"
+
+
+def test_glm45_as_shipped_reads_calls_and_renders_what_its_template_renders(tokenizer):
+    """GLM-4.5's template closes no turn: the model ends a calling turn with ``<|observation|>`` (which opens the
+    tool messages) and an answer with ``<|user|>``. The episode's text, prompt + turns + observations, is
+    byte-equal to the template's rendering of the whole conversation."""
+    env = env_for(tokenizer, "glm4moe")
+    assert env.call_format == "glm45" and set(env.stop_strings) == {"<|user|>", "<|observation|>"}
+    assert (env.format.end_of_turn, env.format.call_end) == ("<|user|>", "<|observation|>")
+    state = env.reset(EX)
+    turns = [glm("search", query="Zelka"), glm("search", query="Ann Lee", k=2) + "", glm("echo", text="hi")]
+    text = state.prompt
+    messages = [*env.template.messages(EX.question)]
+    for turn in turns:
+        [(obs, done, info)] = env.step_batch([state], [turn])
+        assert (
+            info.valid
+            and not done
+            and obs.startswith("\n<tool_response>\n")
+            and obs.endswith("<|assistant|>")
+        )
+        call = env.calls(turn)[0]
+        result = obs[len("\n<tool_response>\n") : obs.rindex("\n</tool_response>")]
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+            {"role": "tool", "name": call.name, "content": result},
+        ]  # fmt: skip
+        text += turn + obs
+    assert env.retriever.calls == [["Zelka"], ["Ann Lee"]] and env.calls(turns[1])[0].arguments["k"] == 2
+    full = tokenizer.apply_chat_template(
+        messages, tools=env.schemas, tokenize=False, add_generation_prompt=True
+    )
+    assert text == full
+    [(_, done, info)] = env.step_batch([state], ["\n<think></think>\nAnn Lee<|user|>"])
+    assert done and info.answer == "Ann Lee"
+    # the teacher writes turns in the format; a malformed pair is a call that says why
+    assert env.parse(env.write_search("find it", "Zelka")).kind == "search"
+    assert env.parse(env.write_answer("Ann Lee")).answer == "Ann Lee"
+    bad = "<tool_call>search\n<arg_key>query</arg_key>\nZelka\n</tool_call><|observation|>"
+    [(obs, done, info)] = env.step_batch([env.reset(EX)], [bad])
+    assert not info.valid and "arg_value" in obs
 
 
 def test_a_special_token_in_a_tool_result_is_text(qwen_tok):
@@ -207,6 +255,13 @@ PIECES = st.sampled_from(
         "<parameter=text>",
         "</parameter>",
         "<|python_tag|>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+        "<|observation|>",
+        "<|user|>",
+        "search\n",
         '{"name": "search", "parameters": {"query": "Zelka"}}',
         '{"name": "echo", "parameters": {"text": ',
         "; ",
@@ -223,14 +278,14 @@ PIECES = st.sampled_from(
 )
 
 
-@pytest.mark.parametrize("template", ["llama3_1", "qwen3_5_think"])
+@pytest.mark.parametrize("template", ["llama3_1", "qwen3_5_think", "glm4moe"])
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     pieces=st.lists(st.one_of(PIECES, st.text(max_size=12)), max_size=120),
     repeat=st.sampled_from([1, 1, 2_000]),
 )
 def test_any_turn_on_a_shipped_template_is_an_observation(tokenizer, template, pieces, repeat):
-    """Arbitrary text in the shipped Llama 3.1 and Qwen3.5 (thinking) templates' own call syntax, short or
+    """Arbitrary text in the shipped Llama 3.1, Qwen3.5 (thinking) and GLM-4.5 templates' own call syntax, short or
     repeated thousands of times: no exception, an observation that tokenizes, bounded CPU time."""
     env = env_for(tokenizer, template)
     text = ("".join(pieces) * repeat).encode("utf-8", "replace").decode("utf-8")

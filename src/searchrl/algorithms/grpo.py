@@ -128,10 +128,12 @@ class GRPO(Algorithm):
         self, trajs: list[Trajectory], metrics: dict[str, float]
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """With ``mask_truncated``, cut-off episodes out of the loss; with ``env.context``, each folded episode
-        as one row per context (`envs.context.unfold`): for collected and asynchronous batches alike."""
+        as one row per context (`envs.context.unfold`), and an agent program's episode as one row per
+        conversation it held (`rollout.agent_program`): for collected and asynchronous batches alike."""
         if self.cfg.mask_truncated:
             metrics["dapo/truncated_masked"] = Sum(mask_truncated(trajs))
-        if getattr(self.ctx.env, "context", None) is not None:  # folded episodes: one row per context
+        env = self.ctx.env
+        if getattr(env, "context", None) is not None or getattr(env, "splits_episodes", False):
             trajs = unfold(trajs)
         return trajs, metrics
 

@@ -264,6 +264,34 @@ def _add_serve_model(sub: Any) -> None:
     m.set_defaults(fn=commands.cmd_serve_model)
 
 
+def _add_serve_policy(sub: Any) -> None:
+    m = sub.add_parser(
+        "serve-policy",
+        help="serve a policy over the OpenAI chat and completions API, recording the exact ids of every call "
+        "(agent programs, docs/agents.md)",
+    )
+    m.add_argument("--model", required=True, help="a local Hugging Face model directory with a chat template")
+    m.add_argument("--name", default="policy", help="the model name reported to clients")
+    m.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    m.add_argument("--port", type=int, default=8002, help="port to listen on (0: any free port)")
+    m.add_argument(
+        "--max-tokens", type=_positive(int), default=1024, help="cap on a call's completion tokens"
+    )
+    m.add_argument(
+        "--max-context", type=_positive(int), default=8192, help="prompt and completion, in tokens"
+    )
+    m.add_argument(
+        "--call-format",
+        default="auto",
+        choices=["auto", "hermes", "qwen3_coder", "llama3_json", "glm45"],
+        help="how the model writes tool calls (auto: read from its chat template)",
+    )
+    m.add_argument(
+        "--timeout", type=_positive(float), default=300.0, help="seconds a request may take (then HTTP 504)"
+    )
+    m.set_defaults(fn=commands.cmd_serve_policy)
+
+
 def _add_collect_process_data(sub: Any) -> None:
     c = sub.add_parser("collect-process-data", help="RAG-Gym step-level preference data from a policy")
     _experiment(c)
@@ -386,6 +414,7 @@ SUBCOMMANDS = (
     _add_index,
     _add_serve_retriever,
     _add_serve_model,
+    _add_serve_policy,
     _add_collect_process_data,
     _add_sweep,
     _add_report,

@@ -246,6 +246,29 @@ def cmd_serve_model(args: argparse.Namespace) -> None:
     _serve(server, f"serving {args.model} on {server.url}/v1/chat/completions (Ctrl-C to stop)")
 
 
+def cmd_serve_policy(args: argparse.Namespace) -> None:
+    from searchrl.core.asgi import Served
+    from searchrl.envs.call_formats import resolve
+    from searchrl.envs.chat_format import ChatFormat
+    from searchrl.models.load import load_model_and_tokenizer
+    from searchrl.rollout.hf import HFGenerator
+    from searchrl.rollout.policy_endpoint import PolicyEndpoint, make_policy_app
+
+    _check_port(args.port)
+    check_model_dir(args.model)
+    model, tok = load_model_and_tokenizer(args.model)
+    chat = ChatFormat(tok)
+    gen = HFGenerator(model.eval(), tok, chat.ends, batch_size=16, reuse_cache=False)
+    fmt = resolve(args.call_format, getattr(tok, "chat_template", None))
+    endpoint = PolicyEndpoint(gen, tok, chat, fmt, args.max_tokens, args.max_context)
+    server = Served(make_policy_app(endpoint, args.name, args.timeout), args.host, args.port)
+    _serve(
+        server,
+        f"serving {args.model} on {server.url}/v1 (chat/completions, completions; a session per "
+        f"{server.url}/s/<session>/v1, its calls at {server.url}/v1/sessions/<session>; Ctrl-C to stop)",
+    )
+
+
 def _check_port(port: int) -> None:
     if not 0 <= port <= 65535:
         raise SearchRLError(f"--port {port}: a port is a number from 0 to 65535 (0 picks a free one)")

@@ -174,7 +174,7 @@ def check_model_template(exp: Experiment, source: str = "<config>") -> None:
     from searchrl.envs.tags import CHAT_TEMPLATES
 
     e, m = exp.env, exp.model
-    if e.protocol != "tools" and e.template not in CHAT_TEMPLATES:
+    if e.protocol == "tags" and e.template not in CHAT_TEMPLATES:
         return
     if (
         m.path is None
@@ -184,7 +184,7 @@ def check_model_template(exp: Experiment, source: str = "<config>") -> None:
         return
     resources = Resources(exp)
     try:
-        resources.tool_chat_format if e.protocol == "tools" else resources.chat_format  # noqa: B018
+        resources.tool_chat_format if e.protocol != "tags" else resources.chat_format  # noqa: B018
     except ConfigError as exc:
         raise exc.at(source) from None
 
@@ -384,17 +384,19 @@ def _check_context_algorithm(exp: Experiment, conf: Any, source: str) -> None:
     (group baselines over episodes) and synchronous rollouts."""
     from searchrl.algorithms.advantage_estimators import SEQUENCE_LEVEL
 
-    if exp.env.context is None or exp.algorithm is None:
+    split = "env.context" if exp.env.context is not None else "env.protocol"
+    if (exp.env.context is None and exp.env.protocol != "agent") or exp.algorithm is None:
         return
     if exp.algorithm.name != "grpo":
         raise ConfigError(
-            f"a folded episode trains as several rows that share its outcome; '{exp.algorithm.name}' places "
-            "values, step rewards or per-step candidates on one sequence per episode",
+            f"a folded episode (or an agent program's, which may split into several rows) trains as several rows "
+            f"that share its outcome; '{exp.algorithm.name}' places values, step rewards or per-step candidates "
+            "on one sequence per episode",
             file=source,
-            key="env.context",
+            key=split,
             value=exp.algorithm.name,
             choices=["grpo"],
-            hint="train with algorithm grpo (any of its sequence-level advantages), or set env.context: null",
+            hint="train with algorithm grpo (any of its sequence-level advantages)",
         )
     if conf.advantage not in SEQUENCE_LEVEL:
         raise ConfigError(
@@ -406,7 +408,8 @@ def _check_context_algorithm(exp: Experiment, conf: Any, source: str) -> None:
         )
     if exp.trainer.async_rollout.max_staleness:
         raise ConfigError(
-            "folding runs in the synchronous rollout (the asynchronous worker's rows are whole episodes)",
+            "folding and agent programs run in the synchronous rollout (the asynchronous worker's rows are whole "
+            "episodes of our own loop)",
             file=source,
             key="trainer.async_rollout.max_staleness",
             value=exp.trainer.async_rollout.max_staleness,
@@ -420,7 +423,8 @@ def _check_tool_protocol(exp: Experiment, source: str) -> None:
     from searchrl.envs.tool_specs import check_tool_specs
 
     e = exp.env
-    if e.protocol != "tools":
+    _check_agent_program(exp, source)
+    if e.protocol == "tags":
         return
     if e.template not in CHAT_TEMPLATES:
         raise ConfigError(
@@ -441,6 +445,42 @@ def _check_tool_protocol(exp: Experiment, source: str) -> None:
     if e.max_tool_calls < 1:
         raise ConfigError("must be at least 1", file=source, key="env.max_tool_calls", value=e.max_tool_calls)
     check_tool_specs(e.tools, source)
+
+
+def _check_agent_program(exp: Experiment, source: str) -> None:
+    """``env.protocol: agent``: one program (its function imported, its parameters ones we pass), and none of
+    what an episode played elsewhere cannot have (folding)."""
+    from searchrl.rollout.agent_program import check_program
+
+    e, key = exp.env, "env.agent_program"
+    if e.protocol != "agent":
+        if e.agent_program is not None:
+            raise ConfigError("an agent program plays episodes only under env.protocol: agent", file=source,
+                              key="env.protocol", value=e.protocol, choices=["agent"],
+                              hint="set env.protocol: agent, or remove env.agent_program")  # fmt: skip
+        return
+    a = e.agent_program
+    if a is None or (a.function is None) == (not a.command):
+        raise ConfigError(
+            "env.protocol: agent runs a program once per episode: give exactly one of function and command",
+            file=source,
+            key=key,
+            value=None if a is None else {"function": a.function, "command": a.command},
+            hint="e.g. env.agent_program: {function: my_agent:run} (PYTHONPATH holds my_agent.py), docs/agents.md",
+        )
+    if a.function is not None:
+        try:
+            check_program(a.function)
+        except Exception as exc:
+            raise ConfigError(str(exc), file=source, key=f"{key}.function", value=a.function) from None
+    if e.context is not None:
+        raise ConfigError("an agent program keeps its own history; folding does not apply", file=source,
+                          key="env.context", value="set", choices=["null"])  # fmt: skip
+    if (
+        exp.rollout.backend != "hf"
+    ):  # the endpoint calls the generator from its server thread: tested with HF only
+        raise ConfigError("agent programs are served by the HF backend (vLLM behind the endpoint is not tested yet)",
+                          file=source, key="rollout.backend", value=exp.rollout.backend, choices=["hf"])  # fmt: skip
 
 
 def _check_env_arguments(exp: Experiment, source: str) -> None:

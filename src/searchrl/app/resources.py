@@ -106,7 +106,7 @@ class Resources:
         """The configured environment. ``chat_format``: the tool protocol's `ChatFormat` (default: the
         model's tokenizer's)."""
         e = self.exp.env
-        if e.protocol == "tools":
+        if e.protocol in ("tools", "agent"):
             return self.tool_env(chat_format)
         chat = self.chat_format if e.template in CHAT_TEMPLATES else None
         env = SearchEnv(
@@ -134,9 +134,18 @@ class Resources:
 
         e = self.exp.env
         fmt = chat_format if chat_format is not None else self.tool_chat_format
-        env = ToolEnv(
+        kind: Any = ToolEnv
+        program: dict[str, Any] = {}
+        if e.protocol == "agent" and e.agent_program is not None:  # a user's program plays the episodes
+            from searchrl.rollout.agent_program import AgentProgramEnv
+
+            a, kind = e.agent_program, AgentProgramEnv
+            program = {"program": a.function, "command": a.command, "timeout": a.timeout,
+                       "workers": a.workers, "max_calls": a.max_calls}  # fmt: skip
+        env = kind(
             self.retriever,
             fmt,
+            **program,
             template=e.template,
             topk=e.topk,
             max_turns=e.max_turns,
@@ -274,7 +283,7 @@ TOOLS_EXTRA_VOCAB = 1024
 def local_model_path(resources: Resources) -> Path:
     """Where the local model of `model.size` for this experiment's world is built (`local_model_dir`)."""
     m = resources.exp.model
-    tools = resources.exp.env.protocol == "tools" and m.tokenizer == "local"
+    tools = resources.exp.env.protocol in ("tools", "agent") and m.tokenizer == "local"
     name = f"model-{m.size}" + (f"-{m.layers}layers" if m.layers is not None else "")
     name = name if m.tokenizer == "local" else f"{name}-{m.tokenizer}"
     return resources.world_dir / (f"{name}-tools" if tools else name)
@@ -290,7 +299,7 @@ def local_model_dir(resources: Resources) -> Path:
         return Path(m.path)
     if resources.world is None:
         raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
-    tools = resources.exp.env.protocol == "tools" and m.tokenizer == "local"
+    tools = resources.exp.env.protocol in ("tools", "agent") and m.tokenizer == "local"
     out = local_model_path(resources)
     if not has_weights(out):
         texts: list[str] = []

@@ -161,6 +161,23 @@ class ContextConfig:
 
 
 @dataclass(frozen=True)
+class AgentProgramConfig:
+    """A user's agent program (``env.protocol: agent``; docs/agents.md): run once per episode against an
+    OpenAI-compatible endpoint in front of the policy, which records the ids it renders and samples; the
+    episode's rows are built from those ids (`rollout.agent_program`). One of ``function`` and ``command``."""
+
+    # a Python function, "package.module:function" (imported from PYTHONPATH), called with the question and the
+    # keywords it declares among base_url, model, session and search; it returns the answer
+    function: str | None = None
+    # or a command (argv): SEARCHRL_BASE_URL, SEARCHRL_MODEL, SEARCHRL_SESSION and SEARCHRL_QUESTION in its
+    # environment, its answer the last non-empty line it prints
+    command: tuple[str, ...] | None = None
+    timeout: float = ranged(300.0, POSITIVE)  # seconds one episode may run; then it ends, scored as it stands
+    workers: int = ranged(64, AT_LEAST_1)  # episodes that run at once (their calls are batched together)
+    max_calls: int = ranged(8, AT_LEAST_1)  # model calls one episode may make; later calls are refused
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     """A tool of the tool protocol: ``search`` (the retriever, ``search(query, k)``), ``open`` (a document its
     searches returned, in full, ``open(doc_id)``), ``mcp`` (an MCP server's tools: ``args: {server: URL or
@@ -200,7 +217,10 @@ class EnvConfig:
     # how the agent acts: tags (<search>/<answer> in the text, as the papers do) or tools (the model's own chat
     # format: the template renders the tool schemas, the model writes <tool_call> JSON and answers in a final
     # message; envs/tool_env.py). tools needs a chat prompt (env.template: tools, short_chat, ...)
-    protocol: Literal["tags", "tools"] = "tags"
+    # or agent: a user's agent program drives the model through an OpenAI-compatible endpoint (env.agent_program,
+    # rollout/agent_program.py); it renders through the chat template like tools
+    protocol: Literal["tags", "tools", "agent"] = "tags"
+    agent_program: AgentProgramConfig | None = None  # protocol agent: the program (AgentProgramConfig)
     tools: tuple[ToolSpec, ...] = (ToolSpec("search"),)  # protocol tools: what the agent may call
     max_tool_calls: int = 4  # protocol tools: calls one assistant turn may make
     # protocol tools: each tool response cut to this many characters (verl's max_tool_response_length; null: no
@@ -208,8 +228,9 @@ class EnvConfig:
     tool_response_max_chars: int | None = ranged(8192, AT_LEAST_1)
     tool_response_truncate: Literal["right", "left", "middle"] = "right"
     # protocol tools: how the model writes its calls (envs/call_formats.py): auto (read from the chat template),
-    # hermes (<tool_call> JSON: Qwen2.5, Qwen3), qwen3_coder (<function=…><parameter=…>), llama3_json
-    call_format: Literal["auto", "hermes", "qwen3_coder", "llama3_json"] = "auto"
+    # hermes (<tool_call> JSON: Qwen2.5, Qwen3), qwen3_coder (<function=…><parameter=…>), llama3_json,
+    # glm45 (<tool_call>NAME<arg_key>…</arg_key><arg_value>…</arg_value>: GLM-4.5, 4.6)
+    call_format: Literal["auto", "hermes", "qwen3_coder", "llama3_json", "glm45"] = "auto"
     # protocol tools: passed to the chat template, e.g. {enable_thinking: false} for Qwen3
     chat_kwargs: dict[str, Any] = field(default_factory=dict)
     # long horizons: fold an episode's history into a summary when its context passes a budget (ContextConfig);

@@ -9,6 +9,10 @@
 - ``llama3_json``: the whole turn is one JSON object ``{"name": …, "parameters": {…}}`` (or several separated
   by ``;``), optionally after ``<|python_tag|>``: Llama 3.1-3.3's JSON tool calls. A turn that does not start
   with ``{`` is the final answer.
+- ``glm45``: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>`` / ``<arg_value>V</arg_value>`` pairs, then
+  ``</tool_call>`` (GLM-4.5, GLM-4.6; values typed by the tool's schema, as ``qwen3_coder``'s). Its template closes
+  no turn: the model ends a calling turn with ``<|observation|>``, an answer with ``<|user|>``
+  (`searchrl.envs.chat_format.ChatFormat.call_end`).
 
 `detect` picks the family from the chat template's text. Every format reads a turn in time linear in its
 length, and whatever a policy writes becomes calls that run or calls that say why they cannot
@@ -29,14 +33,13 @@ from typing import Any
 from searchrl.core.errors import DataError
 from searchrl.envs.tools import CLOSE, OPEN, Tool, ToolCall, _loads, _one_call, parse_tool_calls
 
-FORMATS = ("hermes", "qwen3_coder", "llama3_json")
+FORMATS = ("hermes", "qwen3_coder", "llama3_json", "glm45")
 _FUNCTION = re.compile(r"<function=([^>\n]{1,200})>(.*?)(?:</function>|\Z)", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
 
 
 # chat-template families whose tool calls the tool protocol does not read yet: refused, not read as Hermes
 UNSUPPORTED = {
-    "glm45": ("GLM-4.5", "<arg_key>"),
     "deepseek": ("DeepSeek", "tool\u2581calls\u2581begin"),
     "gpt_oss": ("gpt-oss (harmony)", "<|channel|>"),
     "gemma": ("Gemma", "<start_of_turn>"),
@@ -50,6 +53,8 @@ def detect(template: str | None) -> str:
     text = template or ""
     if "<function=" in text and "<parameter=" in text:
         return "qwen3_coder"
+    if "<arg_key>" in text and "<arg_value>" in text:
+        return "glm45"
     for name, (_, marker) in UNSUPPORTED.items():
         if marker in text:
             return name
@@ -85,6 +90,8 @@ def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None)
         return _parse_xml(text, tools, limit)
     if fmt == "llama3_json":
         return _parse_llama(text, tools, limit)
+    if fmt == "glm45":
+        return parse_tool_calls(text, tools, limit, _glm_call)
     return parse_tool_calls(text, tools, limit)
 
 
@@ -98,6 +105,12 @@ def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
         return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
     if fmt == "llama3_json":
         return json.dumps({"name": name, "parameters": arguments})
+    if fmt == "glm45":  # as GLM-4.5's template writes a call (a string raw, anything else as JSON)
+        pairs = "".join(
+            f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</arg_value>\n"
+            for k, v in arguments.items()
+        )
+        return f"{OPEN}{name}\n{pairs}{CLOSE}"
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
 
 
@@ -132,6 +145,42 @@ def _xml_call(body: str, tools: dict[str, Tool]) -> ToolCall:
         if key in args:
             return ToolCall(None, error="duplicate_key", detail=f"the parameter {key[:80]!r} is given twice")
         args[key] = _typed(raw, props.get(key, {}))
+    text = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+    return _one_call(text, tools)  # the same checks (text, schema) as a JSON call
+
+
+def _glm_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+    """A GLM-4.5 call's body: ``NAME`` then ``<arg_key>K</arg_key>`` / ``<arg_value>V</arg_value>`` pairs, each
+    value read by its schema's type (`_typed`); one forward scan (linear in the body's length)."""
+    first = body.find("<arg_key>")
+    name = (body if first < 0 else body[:first]).strip()
+    if not name or "\n" in name:
+        return ToolCall(
+            None,
+            error="missing_name",
+            detail="a tool call is <tool_call>NAME then <arg_key>/<arg_value> pairs",
+        )
+    if name not in tools:
+        shown = name if len(name) <= 80 else name[:80] + "…"
+        return ToolCall(shown, error="unknown_tool", detail=f"no tool {shown!r}; tools: {', '.join(tools)}")
+    props = tools[name].parameters.get("properties", {})
+    args: dict[str, Any] = {}
+    pos = first
+    while pos >= 0:
+        k_end = body.find("</arg_key>", pos)
+        v_start = body.find("<arg_value>", k_end) if k_end >= 0 else -1
+        v_end = body.find("</arg_value>", v_start) if v_start >= 0 else -1
+        if v_end < 0 or body[k_end + len("</arg_key>") : v_start].strip():
+            return ToolCall(
+                name,
+                error="bad_arguments",
+                detail="each <arg_key>K</arg_key> is followed by <arg_value>V</arg_value>",
+            )
+        key = body[pos + len("<arg_key>") : k_end].strip()
+        if key in args:
+            return ToolCall(None, error="duplicate_key", detail=f"the argument {key[:80]!r} is given twice")
+        args[key] = _typed(body[v_start + len("<arg_value>") : v_end], props.get(key, {}))
+        pos = body.find("<arg_key>", v_end)
     text = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
     return _one_call(text, tools)  # the same checks (text, schema) as a JSON call
 

@@ -25,6 +25,9 @@ from searchrl.core.errors import DataError
 
 _MARK = "\u2063searchrl-stand-in\u2063"  # content no real turn contains (invisible separators around it)
 _ZWSP = "\u200b"  # zero-width space: splits a special token's text in a tool result
+_MARKER = re.compile(
+    r"\s*(<\|[^|<>\s]{1,40}\|>|<[^<>\s]{1,40}>|\[[A-Z_]{1,40}\])"
+)  # a role marker: <|user|>, [INST]
 
 
 class ChatFormat:
@@ -37,6 +40,7 @@ class ChatFormat:
             )
         self.tokenizer, self.kwargs = tokenizer, dict(template_kwargs or {})
         self.end_of_turn = self._end_of_turn()
+        self.call_end = self._call_end()
         self.opens_think = self._opens_think()
         self._specials = _special_pattern(tokenizer)
 
@@ -71,14 +75,48 @@ class ChatFormat:
 
     def _end_of_turn(self) -> str:
         """The text the template closes an assistant turn with (Qwen: ``<|im_end|>``), without the
-        whitespace after it: what the model samples to end its turn."""
-        text = self.render(
-            [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}], opened=False
-        )
+        whitespace after it: what the model samples to end its turn. A template that writes nothing after the
+        turn (GLM-4.5) ends it with the next turn's role marker, which the model samples as its end
+        (``<|user|>`` after an answer; ``call_end`` after calls)."""
+        user = {"role": "user", "content": "q"}
+        text = self.render([user, {"role": "assistant", "content": _MARK}], opened=False)
         end = text[text.rfind(_MARK) + len(_MARK) :].strip()
-        if not end:
+        if end:
+            return end
+        nxt = self.render([user, {"role": "assistant", "content": _MARK}, {"role": "user", "content": "q2"}])
+        marker = _MARKER.match(nxt[nxt.rfind(_MARK) + len(_MARK) :])
+        if marker is None:
             raise DataError("the chat template writes nothing after an assistant turn: no end-of-turn marker")
-        return end
+        return marker.group(1)
+
+    def _call_end(self) -> str:
+        """What the model samples to end a turn that called tools: `end_of_turn` where the template closes
+        such a turn with it (Qwen, Llama), else the marker that opens the tool messages after it (GLM-4.5's
+        ``<|observation|>``)."""
+        user = {"role": "user", "content": "q"}
+        calls: list[tuple[str, dict[str, Any]]] = [("search", {})]
+        try:
+            closed = self.render([user, _stand_in(calls)], opened=False)
+        except (
+            Exception
+        ):  # a template that cannot render a call: found when the tool protocol first renders one
+            return self.end_of_turn
+        after = closed[closed.find(_MARK) + len(_MARK) :] if _MARK in closed else closed
+        if self.end_of_turn in after:
+            return self.end_of_turn
+        with_tool = self.render([user, _stand_in(calls), {"role": "tool", "name": "search", "content": "r"}])
+        marker = _MARKER.match(with_tool[len(closed) :]) if with_tool.startswith(closed) else None
+        return marker.group(1) if marker else self.end_of_turn
+
+    @property
+    def ends(self) -> tuple[str, ...]:
+        """Every text that ends a sampled turn: the stop strings of the tool protocol."""
+        return (self.end_of_turn,) if self.call_end == self.end_of_turn else (self.end_of_turn, self.call_end)
+
+    def turn_end(self, text: str) -> int:
+        """Where the first end-of-turn marker of ``text`` starts (len(text) when none)."""
+        found = [at for e in self.ends if (at := text.find(e)) >= 0]
+        return min(found) if found else len(text)
 
     def _opens_think(self) -> bool:
         """Whether the generation prompt leaves a ``<think>`` open: the model's turn starts in its reasoning."""
@@ -115,10 +153,10 @@ class ChatFormat:
         if start < 0:  # the template drops a tool-calling turn's content: the turn starts after the prompt
             prompt = self.render([{"role": "user", "content": "q"}])
             start = len(prompt) if text.startswith(prompt) else -1
-        at = text.find(self.end_of_turn, start) if start >= 0 else -1
+        at = text.find(self.call_end, start) if start >= 0 else -1
         if at < 0:
-            raise DataError(f"the chat template did not close the assistant turn with {self.end_of_turn!r}")
-        return text[at + len(self.end_of_turn) :]
+            raise DataError(f"the chat template did not close the assistant turn with {self.call_end!r}")
+        return text[at + len(self.call_end) :]
 
 
 def _stand_in(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -148,7 +148,7 @@ class ToolEnv(SearchEnv):
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        return (self.format.end_of_turn,)
+        return self.format.ends
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -162,8 +162,7 @@ class ToolEnv(SearchEnv):
     def turn_text(self, action: str) -> str:
         """The turn's text before its end-of-turn marker; with a template that opens the reasoning in its
         generation prompt, from that ``<think>`` on."""
-        at = action.find(self.format.end_of_turn)
-        text = action if at < 0 else action[:at]
+        text = action[: self.format.turn_end(action)]
         return "<think>" + text if self.format.opens_think else text
 
     def calls(self, action: str) -> list[ToolCall]:
@@ -367,8 +366,8 @@ class ToolEnv(SearchEnv):
 
         call = write(self.call_format, "search", {"query": query})
         if self.call_format == "llama3_json":  # the whole turn is the call
-            return f"{call}{self.format.end_of_turn}"
-        return f"{self._think(think)}{call}{self.format.end_of_turn}"
+            return f"{call}{self.format.call_end}"
+        return f"{self._think(think)}{call}{self.format.call_end}"
 
     def write_answer(self, answer: str, note: str = "") -> str:
         return f"{self._think(f'{note}So the answer is {answer}.')}{answer}{self.format.end_of_turn}"

@@ -32,6 +32,9 @@ class RolloutStats:
     tool_calls: Counter[str] = field(default_factory=Counter)  # the tool protocol: calls run, per tool
     tool_failures: Counter[str] = field(default_factory=Counter)  # calls that ran and failed, per kind
     folds: int | None = None  # contexts folded into a summary (`envs.context`); None: the env does not fold
+    extra: dict[str, float] = field(
+        default_factory=dict
+    )  # an environment's own metrics (`rollout.agent_program`)
 
     def metrics(self) -> dict[str, float]:
         """This process's statistics as metrics that combine over processes (`searchrl.core.aggregate`): counts
@@ -47,6 +50,7 @@ class RolloutStats:
             **{f"rollout/finish_{k}": Mean(v, self.episodes) for k, v in sorted(reasons.items())},
             **self._tool_metrics(),
             **({} if self.folds is None else {"rollout/context_folds": Mean(self.folds, self.episodes)}),
+            **self.extra,
         }
 
     def _tool_metrics(self) -> dict[str, float]:

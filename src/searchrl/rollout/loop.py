@@ -174,7 +174,10 @@ def rollout(
     group_size: int = 1,
     max_total_tokens: int = 2048,
 ) -> tuple[list[Trajectory], RolloutStats]:
-    """G full episodes per example."""
+    """G full episodes per example; an environment that plays its episodes itself (an agent program,
+    `rollout.agent_program`) plays them."""
+    if hasattr(env, "play"):
+        return env.play(examples, generator, tokenizer, params, group_size, max_total_tokens)  # type: ignore[no-any-return]
     trajs = start_trajectories(env, tokenizer, examples, group_size)
     stats = run(trajs, env, generator, tokenizer, params, max_total_tokens)
     return trajs, stats

@@ -1,0 +1,75 @@
+"""An agent program trained end to end (`experiments/synthetic/grpo_agent.yaml`): the plain OpenAI-client agent of
+examples/agents plays every episode through the policy endpoint, GRPO trains on the ids it recorded, and the
+evaluation runs the same agent; `validate` refuses what `train` would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from searchrl.app.cli import main
+from searchrl.core.errors import ConfigError
+from searchrl.engine.metrics import read_metrics
+
+from .test_tools_train import tool_overrides
+
+pytest.importorskip("openai")
+REPO = Path(__file__).resolve().parents[2]
+AGENT_FILE = REPO / "experiments" / "synthetic" / "grpo_agent.yaml"
+
+
+@pytest.fixture
+def agents_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "agents"))
+
+
+def overrides(world_dir: Path, out: Path) -> list[str]:
+    return [*tool_overrides(world_dir, out), "env.protocol=agent"]
+
+
+def test_grpo_trains_an_openai_client_agent_through_the_endpoint(tmp_path, world_dir, agents_path):
+    out = tmp_path / "agent"
+    main(
+        [
+            "train",
+            str(AGENT_FILE),
+            *overrides(world_dir, out),
+            "warm_start.teacher_passes=1",
+            "warm_start.trainer={steps: 4, batch_size: 8, micro_batch_size: 8, lr: 4.0e-3, save_every: 4}",
+            "trainer={steps: 2, batch_size: 2, micro_batch_size: 8, lr: 1.0e-4, save_every: 2}",
+            "algorithm.group_size=4",
+        ]
+    )
+    assert set(json.loads((out / "results.json").read_text())) == {"untrained", "sft", "grpo"}
+    rows = read_metrics(out / "metrics.jsonl")
+    assert len(rows) == 2 and all(r["rollout/tool_calls_per_episode"] >= 0 for r in rows)
+    assert all(
+        "agent/rows_per_episode" in r and r["agent/errors"] == 0 and r["agent/timeouts"] == 0 for r in rows
+    )
+    assert all(r["train/action_tokens"] > 0 for r in rows)
+    preds = [json.loads(x) for x in (out / "eval" / "grpo-test.predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 6 and all(p["transcript"].startswith("<|im_start|>system\n") for p in preds)
+
+
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        (["env.agent_program.function=no_such_agent_module:run"], "env.agent_program.function"),
+        (["env.agent_program=null"], "env.agent_program"),
+        (["env.protocol=tools"], "env.protocol"),
+        (["algorithm.name=ppo"], "env.protocol"),
+        (["trainer.async_rollout.max_staleness=1"], "trainer.async_rollout.max_staleness"),
+    ],
+)
+def test_validate_and_train_refuse_the_same(tmp_path, world_dir, agents_path, capsys, extra, key):
+    args = [str(AGENT_FILE), *overrides(world_dir, tmp_path / "v"), *extra]
+    if "env.protocol=tools" in extra:
+        args.remove("env.protocol=agent")
+    with pytest.raises(SystemExit) as e:
+        main(["validate", *args])
+    assert e.value.code == 2 and f"key '{key}'" in capsys.readouterr().err
+    with pytest.raises((SystemExit, ConfigError)):
+        main(["train", *args])
+    assert not (tmp_path / "v" / "sft").exists()  # refused before any stage ran
