@@ -152,6 +152,18 @@ class Algorithm(ABC):
         truncation, unfolding) and its metrics. Nothing by default."""
         return trajs, metrics
 
+    def accept(
+        self, trajs: list[Trajectory], metrics: dict[str, float]
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """Episodes collected elsewhere (the asynchronous rollout worker's, unscored, with its rollout metrics):
+        scored by the reward pipeline, then `finish`ed: the post-processing `collect` gives the episodes it
+        collects itself (`episodes`), so a batch trains the same whichever path it took."""
+        if self.ctx.rewards is None:
+            raise RuntimeError(
+                f"{type(self).__name__} scores episodes: the trainer gives it a reward pipeline"
+            )
+        return self.finish(trajs, {**metrics, **self.ctx.rewards(trajs)})
+
     def episodes(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         """``group_size`` fresh episodes per question of ``indices``, scored by the reward pipeline."""
         from searchrl.rollout.loop import rollout

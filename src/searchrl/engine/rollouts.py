@@ -61,14 +61,13 @@ class Rollouts:
         return bool(self.cfg.async_rollout.max_staleness)
 
     def collect(self, step: int, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
-        """This step's training rows and their metrics: from the asynchronous worker (scored here, then the
-        algorithm's `finish`, as a collection it makes itself), or collected now by the algorithm."""
+        """This step's training rows and their metrics: the asynchronous worker's episodes through the algorithm's
+        own post-processing (`Algorithm.accept`: scored, then finished, as it treats what it collects), or
+        collected now by the algorithm."""
         if self.asynchronous:
             if self.worker is None:
                 self.start(step)
-            trajs, metrics = self.worker.take(step)
-            assert self.ctx.rewards is not None
-            return self.algo.finish(trajs, {**metrics, **self.ctx.rewards(trajs)})
+            return self.algo.accept(*self.worker.take(step))
         with self.generation_session():
             return self.algo.collect(indices)
 

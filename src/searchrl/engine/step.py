@@ -31,6 +31,7 @@ from searchrl.envs.context import last_rows
 from searchrl.models.packing import Packed, pack
 from searchrl.models.policy import Reference, forward, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
+from searchrl.rewards.pipeline import episode_metrics
 
 
 @dataclass
@@ -415,12 +416,7 @@ class TrainingStep:
             local["train/grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
         if self.ctx.generator is not None:  # online: rewards of fresh episodes (offline rows carry labels)
             local["reward/mean"] = Mean(float(batch.rewards[ends].sum()), float(ends.sum()))
-        episodes = [t for t, end in zip(trajs, last) if t.state is not None and end]
-        if episodes:
-            from searchrl.core.answers import exact_match
-
-            em = sum(exact_match(t.answer or "", t.example.answers) for t in episodes)
-            local["train/em"] = Mean(em, len(episodes))
+        local.update(episode_metrics(trajs))  # the reward layer's per-episode measures
         local.update(
             {
                 "train/lr": self.model.scheduler.get_last_lr()[0],

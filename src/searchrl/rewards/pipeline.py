@@ -140,3 +140,16 @@ class RewardPipeline:
                     sums[f"reward/{spec.name}/{k}"] += v
             t.reward, t.step_rewards = total, steps
         return {k: Mean(v, len(trajs)) for k, v in sums.items()}  # means over every process's trajectories
+
+
+def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``train/em``: the exact match of the episodes these rows end (a folded or split episode counted once, at
+    its last row; rows of no episode, the trainer's padding, not at all)."""
+    from searchrl.core.answers import exact_match
+    from searchrl.envs.context import last_rows
+
+    episodes = [t for t, end in zip(trajs, last_rows(trajs)) if t.state is not None and end]
+    if not episodes:
+        return {}
+    em = sum(exact_match(t.answer or "", t.example.answers) for t in episodes)
+    return {"train/em": Mean(em, len(episodes))}
