@@ -55,7 +55,8 @@ def _words(text: str) -> list[str]:
 
 def make_corpus(kind: str, size: int, shared: Path | None, out: Path, seed: int = 0) -> list[str]:
     """Write the corpus's document store (if absent) and return its queries."""
-    from searchrl.data.corpus import Doc, load_corpus
+    from searchrl.core.records import Doc
+    from searchrl.data.corpus import load_corpus
     from searchrl.data.docstore import write_docstore
 
     rng = random.Random(seed)

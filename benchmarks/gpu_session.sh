@@ -85,7 +85,7 @@ torch.cuda.init(); free0, total = torch.cuda.mem_get_info()
 import trl, datasets, peft, deepspeed, gpu_smoke
 from searchrl.engine.trainer import Trainer
 from searchrl.rollout.hf import HFGenerator
-from searchrl.data.corpus import Doc
+from searchrl.core.records import Doc
 from searchrl.envs.retrievers.bm25 import BM25Retriever
 BM25Retriever([Doc('a', 'Paris', 'Paris is in France.')]).search(['Paris'], 1)  # bm25s: JAX stays out
 free1, _ = torch.cuda.mem_get_info()

@@ -164,7 +164,8 @@ def overrides(a: argparse.Namespace, world: str, out: Path, algo: str, backend: 
 
 
 def offline_records(resources: Any, algo: str) -> list[dict[str, Any]] | None:
-    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.core.config import TeacherConfig
+    from searchrl.envs.synthetic.teacher import teacher_records
 
     if algo not in ("sft", "dpo", "prm"):
         return None

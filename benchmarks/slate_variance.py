@@ -23,7 +23,7 @@ import torch
 from searchrl.algorithms.slate import step_reward
 from searchrl.app.experiment import load_experiment
 from searchrl.app.resources import Resources
-from searchrl.envs.search import EnvState
+from searchrl.core.types import EnvState
 from searchrl.models.load import load_model_and_tokenizer
 from searchrl.rewards.judges import JudgeItem, RuleJudge
 from searchrl.rollout.generator import SamplingParams

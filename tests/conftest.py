@@ -106,9 +106,9 @@ def agent_model_dir(tmp_path_factory, world_dir, tiny_model_dir):
     from searchrl.algorithms import algorithm_config
     from searchrl.app.experiment import load_experiment
     from searchrl.app.resources import Resources
-    from searchrl.core.config import TrainerConfig
+    from searchrl.core.config import TeacherConfig, TrainerConfig
     from searchrl.engine.trainer import Trainer
-    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.envs.synthetic.teacher import teacher_records
 
     out = tmp_path_factory.mktemp("agent_model")
     exp = load_experiment(

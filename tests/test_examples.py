@@ -46,9 +46,8 @@ def test_gold_hits_scores_each_search(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLE))
     from my_rewards import gold_hits
 
+    from searchrl.core.records import Doc, Example, Hop
     from searchrl.core.types import Segment, Step, Trajectory
-    from searchrl.data.corpus import Doc
-    from searchrl.data.example import Example, Hop
     from searchrl.envs.search import SearchEnv
 
     class Fixed:

@@ -58,6 +58,10 @@ def test_grpo_trains_an_openai_client_agent_through_the_endpoint(tmp_path, world
     [
         (["env.agent_program.function=no_such_agent_module:run"], "env.agent_program.function"),
         (["env.agent_program=null"], "env.agent_program"),
+        (
+            ["env.agent_program.function=null", "env.agent_program.command=[no-such-agent-program-xyz]"],
+            "env.agent_program.command",
+        ),
         (["env.protocol=tools"], "env.protocol"),
         (["algorithm.name=ppo"], "env.protocol"),
         (["trainer.async_rollout.max_staleness=1"], "trainer.async_rollout.max_staleness"),

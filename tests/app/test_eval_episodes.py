@@ -3,8 +3,8 @@
 import json
 
 from searchrl.app.eval_episodes import episode_metrics, write_results
-from searchrl.data.example import Example, Hop
-from searchrl.envs.search import EnvState, StepInfo
+from searchrl.core.records import Example, Hop
+from searchrl.core.types import EnvState, StepInfo
 
 
 def finished(ex: Example, answer: str) -> EnvState:

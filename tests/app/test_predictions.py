@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 from searchrl.app.eval_episodes import episode_metrics, read_predictions, write_results
+from searchrl.core.types import EnvState, StepInfo
 from searchrl.data.loaders import load_examples
-from searchrl.envs.search import EnvState, StepInfo
 from tests.helpers import eval_teacher
 from tests.hotpot_official import evaluate as official_hotpot_eval
 

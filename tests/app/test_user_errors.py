@@ -157,8 +157,8 @@ def test_a_reward_that_returns_none_or_raises_is_named(monkeypatch):
 
     from searchrl.core.config import RewardSpec
     from searchrl.core.errors import SearchRLError
+    from searchrl.core.records import Example
     from searchrl.core.types import Segment, Trajectory
-    from searchrl.data.example import Example
     from searchrl.rewards.pipeline import RewardPipeline
 
     def boom(traj):

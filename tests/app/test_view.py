@@ -253,7 +253,8 @@ def test_samples_config_is_validated(make_exp):
 
 
 def test_offline_rows_are_saved_one_group_each(make_exp, small_world):
-    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.core.config import TeacherConfig
+    from searchrl.envs.synthetic.teacher import teacher_records
 
     exp = make_exp()
     resources = Resources(exp)

@@ -5,9 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchrl.core.masking import build_batch
-from searchrl.core.types import Segment, Step, Trajectory
-from searchrl.data.example import Example
-from searchrl.envs.search import StepInfo
+from searchrl.core.records import Example
+from searchrl.core.types import Segment, Step, StepInfo, Trajectory
 
 EX = Example(id="x", question="q", answers=("a",))
 PAD = 0

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc, iter_corpus, load_corpus
+from searchrl.core.records import Doc
+from searchrl.data.corpus import iter_corpus, load_corpus
 from searchrl.data.docstore import DocStore, write_docstore
 from searchrl.envs.retrievers.bm25 import BM25Retriever
 

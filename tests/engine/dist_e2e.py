@@ -182,7 +182,8 @@ def trainer_config(
 def records(resources: Any, case: str) -> list[dict[str, Any]] | None:
     """Offline data: teacher trajectories (SFT), or step pairs built from them (DPO, PRM): the state
     before a teacher action, that action as chosen and a malformed search as rejected."""
-    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.core.config import TeacherConfig
+    from searchrl.envs.synthetic.teacher import teacher_records
 
     if case not in ("sft", "dpo", "prm"):
         return None

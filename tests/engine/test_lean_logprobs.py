@@ -172,7 +172,8 @@ def test_sampled_softmax_estimates_the_normaliser_without_bias():
 
 def test_sft_with_a_sampled_softmax_lowers_the_exact_loss(make_exp, small_world):
     from searchrl.app.resources import Resources
-    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.core.config import TeacherConfig
+    from searchrl.envs.synthetic.teacher import teacher_records
     from tests.engine.test_trainer import trainer_for
 
     exp = make_exp()

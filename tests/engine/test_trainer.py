@@ -10,11 +10,11 @@ from safetensors.torch import load_file
 
 from searchrl.algorithms import algorithm_config
 from searchrl.app.resources import Resources
-from searchrl.core.config import TrainerConfig
+from searchrl.core.config import TeacherConfig, TrainerConfig
 from searchrl.engine.engine import NonFiniteError
 from searchrl.engine.metrics import progress_fields, read_metrics
 from searchrl.engine.trainer import Schedule, Trainer, make_optimizer
-from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+from searchrl.envs.synthetic.teacher import teacher_records
 from searchrl.rewards import register_reward
 
 # compares two computation paths of the same numbers: .ci/run runs these again under a second floating-point

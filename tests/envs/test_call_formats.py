@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchrl.data.example import Example
+from searchrl.core.records import Example
 from searchrl.envs import call_formats
 from searchrl.envs.call_formats import LLAMA3_JSON_TEMPLATE, QWEN3_CODER_TEMPLATE
 from searchrl.envs.chat_format import ChatFormat

@@ -7,9 +7,8 @@ import torch
 
 from searchrl.algorithms.advantage_estimators import AdvantageInput, grpo, per_episode, reinforce_batch
 from searchrl.core.masking import build_batch
+from searchrl.core.records import Doc, Example
 from searchrl.core.types import Segment, Trajectory
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.context import FOLDS, LATER, ContextFolder, last_rows, unfold
 from searchrl.envs.search import SearchEnv

@@ -10,7 +10,7 @@ import pytest
 
 from searchrl.core.config import ToolSpec
 from searchrl.core.errors import ConfigError, DataError, SearchRLError
-from searchrl.data.example import Example
+from searchrl.core.records import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.tool_env import ToolEnv
 from searchrl.envs.tool_specs import build_tools

@@ -14,7 +14,7 @@ import pytest
 
 from searchrl.core.config import ToolSpec
 from searchrl.core.errors import ConfigError
-from searchrl.data.example import Example
+from searchrl.core.records import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.python_tools import call_all, class_tools, function_tool
 from searchrl.envs.tool_env import ToolEnv

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchrl.core.errors import DataError
-from searchrl.data.example import Example
+from searchrl.core.records import Example
 from searchrl.envs.chat_format import _MARK, ChatFormat
 from searchrl.envs.python_tools import function_tool
 from searchrl.envs.tool_env import ToolEnv

@@ -6,8 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from searchrl.core.errors import ConfigError
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example
+from searchrl.core.records import Doc, Example
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.summarize import NO_ANSWER, ExtractiveSummarizer
 from searchrl.rollout.chat import LLMSummarizer
@@ -181,7 +180,8 @@ def test_llm_summarizer_sends_figure_7_and_falls_back_when_a_request_fails(monke
 
 
 def test_teacher_records_for_the_research_agent_are_the_states_it_sees(small_world, world_bm25):
-    from searchrl.envs.synthetic.teacher import TeacherConfig, run_teacher, teacher_records
+    from searchrl.core.config import TeacherConfig
+    from searchrl.envs.synthetic.teacher import run_teacher, teacher_records
 
     env = SearchEnv(world_bm25, template="short", topk=1, max_turns=5, agent="research")
     exs = small_world.examples("train")[:6]

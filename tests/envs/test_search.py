@@ -4,8 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example
+from searchrl.core.records import Doc, Example
 from searchrl.envs.search import SearchEnv
 
 

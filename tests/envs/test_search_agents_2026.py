@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from searchrl.algorithms.advantage_estimators import AdvantageInput, reinforce, reinforce_batch
+from searchrl.core.records import Doc, Example
 from searchrl.core.types import Segment, Trajectory
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example
 from searchrl.envs.retrievers import build_retriever
 from searchrl.envs.retrievers.simulated import (
     SimulatedRetriever,

@@ -2,8 +2,9 @@ import random
 
 from searchrl.app.eval_episodes import episode_metrics
 from searchrl.core.answers import exact_match
+from searchrl.core.config import TeacherConfig
 from searchrl.envs.search import SearchEnv
-from searchrl.envs.synthetic.teacher import TeacherConfig, run_teacher, teacher_records, vague_query
+from searchrl.envs.synthetic.teacher import run_teacher, teacher_records, vague_query
 
 
 def test_clean_teacher_reaches_em_095_on_test_with_bm25(world_bm25, small_world):

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example
+from searchrl.core.records import Doc, Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.python_tools import function_tool
 from searchrl.envs.tool_env import BUDGET_NOTE, ToolEnv
@@ -237,8 +236,9 @@ def test_qwen3_template_and_tokens(qwen3_tok):
 def test_the_teacher_plays_the_same_episodes_in_both_protocols(small_world, world_bm25, qwen_tok):
     """The scripted teacher (SFT data) writes tool calls in the tool protocol and tags in the tag protocol;
     it reads the same documents, so it searches the same queries and gives the same answers."""
+    from searchrl.core.config import TeacherConfig
     from searchrl.envs.search import SearchEnv
-    from searchrl.envs.synthetic.teacher import TeacherConfig, run_teacher
+    from searchrl.envs.synthetic.teacher import run_teacher
 
     examples = small_world.examples("test")[:40]
     cfg = TeacherConfig(noisy=True)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchrl.data.example import Example
+from searchrl.core.records import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.python_tools import function_tool
 from searchrl.envs.tool_env import ToolEnv

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchrl.core.config import GuardConfig
+from searchrl.core.records import Example
 from searchrl.core.types import EnvState
-from searchrl.data.example import Example
 from searchrl.engine.guards import Guards
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.python_tools import DEFAULT_TIMEOUT, as_result, call_all, class_tools, function_tool

@@ -9,8 +9,8 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from searchrl.core.config import RewardSpec
+from searchrl.core.records import Example
 from searchrl.core.types import Segment, Trajectory
-from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
 from searchrl.rewards.answer_judge import AnswerJudge, judge_accuracy, parse_verdict
 from searchrl.rewards.pipeline import RewardPipeline

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from searchrl.app.eval_episodes import episode_metrics
+from searchrl.core.config import TeacherConfig
 from searchrl.envs.search import SearchEnv
-from searchrl.envs.synthetic.teacher import TeacherConfig, run_teacher
+from searchrl.envs.synthetic.teacher import run_teacher
 from searchrl.rewards.autorefine import autorefine_reward, refined_text, well_formed
 
 

@@ -1,8 +1,8 @@
 import pytest
 
 from searchrl.core.config import RewardSpec
+from searchrl.core.records import Example
 from searchrl.core.types import Segment, Trajectory
-from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
 from searchrl.rewards import REWARDS, RewardOutput, register_reward
 from searchrl.rewards.pipeline import RewardPipeline
@@ -13,7 +13,7 @@ EX = Example(id="q", question="Who?", answers=("Ann Lee",))
 
 class Docs:
     def search(self, queries, k):
-        from searchrl.data.corpus import Doc
+        from searchrl.core.records import Doc
 
         return [[Doc(id="d1", title="Ann", text="Ann Lee is here")] for _ in queries]
 

@@ -4,10 +4,8 @@ import math
 
 import pytest
 
-from searchrl.core.types import Segment, Step, Trajectory
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example, Hop
-from searchrl.envs.search import EnvState, StepInfo
+from searchrl.core.records import Doc, Example, Hop
+from searchrl.core.types import EnvState, Segment, Step, StepInfo, Trajectory
 from searchrl.rewards.stepsearch import (
     TfIdf,
     information_gains,

@@ -437,3 +437,22 @@ def test_serve_policy_answers_an_openai_client_and_records_what_it_sampled(qwen_
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_command_program_plays_through_its_environment(qwen_tok, tmp_path):
+    """``env.agent_program.command``: the episode in the process's environment, the answer its last line; a
+    command that fails or runs past its time ends its episode only."""
+    cmd = [sys.executable, str(EXAMPLES / "command_agent.py")]
+    env = AgentProgramEnv(CountingRetriever(), ChatFormat(qwen_tok), command=cmd, template="tools", topk=1)
+    trajs, _ = rollout([EX], env, Scripted(qwen_tok, lambda p: "Ann Lee"), qwen_tok, PARAMS, 2, 2048)
+    assert [t.answer for t in trajs] == ["Ann Lee", "Ann Lee"] and all(len(t.steps) == 1 for t in trajs)
+    assert "Who directed Zelka?" in qwen_tok.decode(trajs[0].segments[0].token_ids)
+    failing = AgentProgramEnv(CountingRetriever(), ChatFormat(qwen_tok), command=[sys.executable, "-c", "raise SystemExit(3)"],
+                              template="tools", topk=1)  # fmt: skip
+    [t], _ = rollout([EX], failing, Scripted(qwen_tok, lambda p: "x"), qwen_tok, PARAMS, 1, 2048)
+    assert t.finish_reason == "error" and t.answer is None
+    slow = AgentProgramEnv(CountingRetriever(), ChatFormat(qwen_tok), command=[sys.executable, "-c", "import time; time.sleep(30)"],
+                           template="tools", topk=1, timeout=1.0)  # fmt: skip
+    t0 = time.monotonic()
+    [t], _ = rollout([EX], slow, Scripted(qwen_tok, lambda p: "x"), qwen_tok, PARAMS, 1, 2048)
+    assert t.finish_reason in ("timeout", "error") and time.monotonic() - t0 < 10

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from searchrl.core.masking import build_batch
-from searchrl.data.example import Example
+from searchrl.core.records import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.tool_env import ToolEnv
 from searchrl.envs.tools import Tool

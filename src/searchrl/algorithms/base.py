@@ -17,7 +17,7 @@ from searchrl.core.types import RolloutBatch, Trajectory
 
 if TYPE_CHECKING:
     from searchrl.core.config import EnvConfig
-    from searchrl.data.example import Example
+    from searchrl.core.records import Example
     from searchrl.envs.search import SearchEnv
     from searchrl.rewards.pipeline import RewardPipeline
     from searchrl.rollout.generator import Generator, SamplingParams

@@ -10,7 +10,7 @@ from typing import Any
 
 from searchrl.core.answers import answer_scores
 from searchrl.core.errors import DataError
-from searchrl.envs.search import EnvState
+from searchrl.core.types import EnvState
 
 
 def redundant_searches(state: EnvState) -> int:

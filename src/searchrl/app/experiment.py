@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchrl.app.environments import renders_chat
 from searchrl.core.config import Experiment, KeySources, from_dict
 from searchrl.core.errors import ConfigError, MissingInput, RegistryError
 from searchrl.core.loader import read_experiment
@@ -41,6 +43,7 @@ def from_dict_checked(cls: type, data: dict[str, Any], source: str = "<config>",
 
 def _registries() -> dict[str, Registry[Any]]:
     from searchrl.algorithms import ADVANTAGES, ALGORITHMS, POLICY_LOSSES
+    from searchrl.app.environments import ENVIRONMENTS
     from searchrl.envs.retrievers.protocol import RETRIEVERS
     from searchrl.rewards import REWARDS
     from searchrl.rewards.judges import ANNOTATORS, JUDGES
@@ -57,6 +60,7 @@ def _registries() -> dict[str, Registry[Any]]:
         "judges": JUDGES,
         "annotators": ANNOTATORS,
         "summarizers": SUMMARIZERS,
+        "environments": ENVIRONMENTS,
     }
 
 
@@ -174,7 +178,7 @@ def check_model_template(exp: Experiment, source: str = "<config>") -> None:
     from searchrl.envs.tags import CHAT_TEMPLATES
 
     e, m = exp.env, exp.model
-    if e.protocol == "tags" and e.template not in CHAT_TEMPLATES:
+    if not renders_chat(e.protocol) and e.template not in CHAT_TEMPLATES:
         return
     if (
         m.path is None
@@ -184,7 +188,7 @@ def check_model_template(exp: Experiment, source: str = "<config>") -> None:
         return
     resources = Resources(exp)
     try:
-        resources.tool_chat_format if e.protocol != "tags" else resources.chat_format  # noqa: B018
+        resources.tool_chat_format if renders_chat(e.protocol) else resources.chat_format
     except ConfigError as exc:
         raise exc.at(source) from None
 
@@ -424,7 +428,7 @@ def _check_tool_protocol(exp: Experiment, source: str) -> None:
 
     e = exp.env
     _check_agent_program(exp, source)
-    if e.protocol == "tags":
+    if not renders_chat(e.protocol):
         return
     if e.template not in CHAT_TEMPLATES:
         raise ConfigError(
@@ -473,6 +477,9 @@ def _check_agent_program(exp: Experiment, source: str) -> None:
             check_program(a.function)
         except Exception as exc:
             raise ConfigError(str(exc), file=source, key=f"{key}.function", value=a.function) from None
+    elif a.command and not (shutil.which(a.command[0]) or Path(a.command[0]).is_file()):
+        raise ConfigError(f"no program {a.command[0]!r} on PATH or at that path", file=source,
+                          key=f"{key}.command", value=list(a.command))  # fmt: skip
     if e.context is not None:
         raise ConfigError("an agent program keeps its own history; folding does not apply", file=source,
                           key="env.context", value="set", choices=["null"])  # fmt: skip

@@ -9,16 +9,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from searchrl.app.environments import renders_chat
 from searchrl.core.config import Experiment
 from searchrl.core.errors import ConfigError, DataError
-from searchrl.data.corpus import Doc, load_corpus
-from searchrl.data.example import Example
+from searchrl.core.records import Doc, Example
+from searchrl.data.corpus import load_corpus
 from searchrl.data.loaders import load_examples
 from searchrl.envs.retrievers import build_retriever
 from searchrl.envs.retrievers.protocol import Retriever
 from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.world import World
-from searchrl.envs.tags import ALL_TAG_STRINGS, CHAT_TEMPLATES, TEMPLATES, TOOL_TAG_STRINGS
+from searchrl.envs.tags import ALL_TAG_STRINGS, TEMPLATES, TOOL_TAG_STRINGS
 from searchrl.envs.tool_env import ToolEnv
 
 
@@ -103,63 +104,11 @@ class Resources:
         return SUMMARIZERS.get(spec.name)(**spec.args) if spec is not None else None
 
     def env(self, chat_format: Any = None) -> SearchEnv:
-        """The configured environment. ``chat_format``: the tool protocol's `ChatFormat` (default: the
-        model's tokenizer's)."""
-        e = self.exp.env
-        if e.protocol in ("tools", "agent"):
-            return self.tool_env(chat_format)
-        chat = self.chat_format if e.template in CHAT_TEMPLATES else None
-        env = SearchEnv(
-            self.retriever,
-            tags=e.tags,
-            template=e.template,
-            topk=e.topk,
-            max_turns=e.max_turns,
-            max_query_chars=e.max_query_chars,
-            on_budget=e.on_budget,
-            doc_max_words=e.doc_max_words,
-            agent=e.agent,
-            summarizer=self.summarizer,
-            chat=chat,
-            doc_format=e.doc_format,
-            query_separator=e.query_separator,
-            max_parallel_queries=e.max_parallel_queries,
-        )
-        env.context = self.context_folder
-        return env
+        """The configured environment: the entry ``env.protocol`` names in the environment registry
+        (`searchrl.app.environments`). ``chat_format``: a `ChatFormat` to render with instead of the model's."""
+        from searchrl.app.environments import ENVIRONMENTS
 
-    def tool_env(self, chat_format: Any = None) -> SearchEnv:
-        from searchrl.envs.tool_env import ToolEnv
-        from searchrl.envs.tool_specs import build_tools
-
-        e = self.exp.env
-        fmt = chat_format if chat_format is not None else self.tool_chat_format
-        kind: Any = ToolEnv
-        program: dict[str, Any] = {}
-        if e.protocol == "agent" and e.agent_program is not None:  # a user's program plays the episodes
-            from searchrl.rollout.agent_program import AgentProgramEnv
-
-            a, kind = e.agent_program, AgentProgramEnv
-            program = {"program": a.function, "command": a.command, "timeout": a.timeout,
-                       "workers": a.workers, "max_calls": a.max_calls}  # fmt: skip
-        env = kind(
-            self.retriever,
-            fmt,
-            **program,
-            template=e.template,
-            topk=e.topk,
-            max_turns=e.max_turns,
-            max_tool_calls=e.max_tool_calls,
-            on_budget=e.on_budget,
-            doc_max_words=e.doc_max_words,
-            max_query_chars=e.max_query_chars,
-            max_response_chars=e.tool_response_max_chars,
-            truncate_side=e.tool_response_truncate,
-            call_format=e.call_format,
-        )
-        env.set_tools(build_tools(e.tools, env, self.mcp_connections))
-        env.context = self.context_folder
-        return env
+        return ENVIRONMENTS.get(self.exp.env.protocol)(self, chat_format)  # type: ignore[no-any-return]
 
     @cached_property
     def context_folder(self) -> Any:
@@ -244,7 +193,8 @@ def tokenizer_texts(world: World, env: SearchEnv, teacher_examples: int = 300) -
     teacher trajectories in both tag styles (so the think/search phrasing gets its own merges)."""
     from dataclasses import replace
 
-    from searchrl.envs.synthetic.teacher import TeacherConfig, teacher_records
+    from searchrl.core.config import TeacherConfig
+    from searchrl.envs.synthetic.teacher import teacher_records
     from searchrl.envs.tags import TAGSETS
 
     texts = [f"{d.title} {d.text}" for d in world.documents()]
@@ -283,7 +233,7 @@ TOOLS_EXTRA_VOCAB = 1024
 def local_model_path(resources: Resources) -> Path:
     """Where the local model of `model.size` for this experiment's world is built (`local_model_dir`)."""
     m = resources.exp.model
-    tools = resources.exp.env.protocol in ("tools", "agent") and m.tokenizer == "local"
+    tools = renders_chat(resources.exp.env.protocol) and m.tokenizer == "local"
     name = f"model-{m.size}" + (f"-{m.layers}layers" if m.layers is not None else "")
     name = name if m.tokenizer == "local" else f"{name}-{m.tokenizer}"
     return resources.world_dir / (f"{name}-tools" if tools else name)
@@ -299,7 +249,7 @@ def local_model_dir(resources: Resources) -> Path:
         return Path(m.path)
     if resources.world is None:
         raise ConfigError("model.path is required unless data.source is synthetic", key="model.path")
-    tools = resources.exp.env.protocol in ("tools", "agent") and m.tokenizer == "local"
+    tools = renders_chat(resources.exp.env.protocol) and m.tokenizer == "local"
     out = local_model_path(resources)
     if not has_weights(out):
         texts: list[str] = []

@@ -219,7 +219,8 @@ class EnvConfig:
     # message; envs/tool_env.py). tools needs a chat prompt (env.template: tools, short_chat, ...)
     # or agent: a user's agent program drives the model through an OpenAI-compatible endpoint (env.agent_program,
     # rollout/agent_program.py); it renders through the chat template like tools
-    protocol: Literal["tags", "tools", "agent"] = "tags"
+    # Each names an entry of the environment registry (app/environments.py); "pkg.module:build" names your own.
+    protocol: str = field(default="tags", metadata={"registry": "environments"})
     agent_program: AgentProgramConfig | None = None  # protocol agent: the program (AgentProgramConfig)
     tools: tuple[ToolSpec, ...] = (ToolSpec("search"),)  # protocol tools: what the agent may call
     max_tool_calls: int = 4  # protocol tools: calls one assistant turn may make

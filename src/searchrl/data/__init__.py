@@ -1,7 +1,8 @@
 """Questions and corpora in one `Example` / `Doc` type, whatever the source format."""
 
-from searchrl.data.corpus import Doc, load_corpus
-from searchrl.data.example import Example, Hop, read_jsonl, write_jsonl
+from searchrl.core.records import Doc, Example, Hop
+from searchrl.data.corpus import load_corpus
+from searchrl.data.example import read_jsonl, write_jsonl
 from searchrl.data.loaders import LOADERS, keys_from_subquestion, load_examples
 
 __all__ = [

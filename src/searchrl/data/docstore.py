@@ -19,7 +19,7 @@ from typing import Any, overload
 import numpy as np
 
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc
+from searchrl.core.records import Doc
 
 FILE = "docs.arrow"  # the store's file name inside an index directory
 _COLUMNS = ("id", "title", "text")

@@ -1,4 +1,5 @@
-"""The one question type every loader produces."""
+"""JSON and JSON-lines files as the loaders and the run directory read and write them (the question type every
+loader produces is `searchrl.core.records.Example`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.core.errors import DataError, read_text
-from searchrl.core.records import Example, Hop, gold_answers
 
-__all__ = ["Example", "Hop", "gold_answers", "read_json", "read_jsonl", "write_jsonl"]
+__all__ = ["read_json", "read_jsonl", "write_jsonl"]
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:

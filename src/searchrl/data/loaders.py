@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example, Hop, read_json, read_jsonl
+from searchrl.core.records import Doc, Example, Hop
+from searchrl.data.example import read_json, read_jsonl
 
 _STOP = set(
     [

@@ -35,8 +35,7 @@ from searchrl.rollout.generator import GENERATORS, SamplingParams, generator_opt
 
 if TYPE_CHECKING:
     from searchrl.core.config import Experiment
-    from searchrl.data.corpus import Doc
-    from searchrl.data.example import Example
+    from searchrl.core.records import Doc, Example
     from searchrl.envs.search import SearchEnv
 
 

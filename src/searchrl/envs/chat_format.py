@@ -25,9 +25,8 @@ from searchrl.core.errors import DataError
 
 _MARK = "\u2063searchrl-stand-in\u2063"  # content no real turn contains (invisible separators around it)
 _ZWSP = "\u200b"  # zero-width space: splits a special token's text in a tool result
-_MARKER = re.compile(
-    r"\s*(<\|[^|<>\s]{1,40}\|>|<[^<>\s]{1,40}>|\[[A-Z_]{1,40}\])"
-)  # a role marker: <|user|>, [INST]
+# a role marker that opens a turn: <|user|>, <|observation|>, [INST]
+_MARKER = re.compile(r"\s*(<\|[^|<>\s]{1,40}\|>|<[^<>\s]{1,40}>|\[[A-Z_]{1,40}\])")
 
 
 class ChatFormat:
@@ -97,9 +96,7 @@ class ChatFormat:
         calls: list[tuple[str, dict[str, Any]]] = [("search", {})]
         try:
             closed = self.render([user, _stand_in(calls)], opened=False)
-        except (
-            Exception
-        ):  # a template that cannot render a call: found when the tool protocol first renders one
+        except Exception:  # a template that cannot render a call: refused when the tool protocol renders one
             return self.end_of_turn
         after = closed[closed.find(_MARK) + len(_MARK) :] if _MARK in closed else closed
         if self.end_of_turn in after:

@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from searchrl.core.errors import DataError
+from searchrl.core.records import Doc
 from searchrl.core.types import Segment, Trajectory
-from searchrl.data.corpus import Doc
 
 Summarizer = Callable[[Sequence[tuple[str, str, Sequence[Doc]]]], list[str]]
 

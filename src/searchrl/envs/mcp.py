@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from searchrl.core.errors import DataError, SearchRLError
+from searchrl.core.records import Doc
 from searchrl.core.types import EnvState
-from searchrl.data.corpus import Doc
 from searchrl.envs.tools import Tool, ToolResult, format_tool_docs
 
 log = logging.getLogger(__name__)

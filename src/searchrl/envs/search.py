@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from searchrl.core.errors import DataError
+from searchrl.core.records import Doc, Example
 from searchrl.core.types import EnvState, StepInfo
-from searchrl.data.corpus import DOC_FORMATS, Doc, format_docs
-from searchrl.data.example import Example
+from searchrl.data.corpus import DOC_FORMATS, format_docs
 from searchrl.envs.retrievers.protocol import Retriever
 from searchrl.envs.tags import CHAT_TEMPLATES, TAGSETS, TEMPLATES, ChatTemplate, TagSet
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from searchrl.core.answers import normalize_answer
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc
+from searchrl.core.records import Doc
 
 SummaryItem = tuple[str, str, Sequence[Doc]]  # (question, query, documents)
 

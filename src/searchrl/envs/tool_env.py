@@ -53,9 +53,8 @@ from dataclasses import replace
 from typing import Any
 
 from searchrl.core.errors import DataError
+from searchrl.core.records import Doc, Example
 from searchrl.core.types import EnvState, StepInfo
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.search import PROBE_THOUGHT, SearchEnv
 from searchrl.envs.tags import CHAT_TEMPLATES, ChatTemplate

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from searchrl.core.records import Doc
 from searchrl.core.types import EnvState
-from searchrl.data.corpus import Doc
 
 # JSON schema types -> the Python types a value of it may have (bool is not an integer here)
 _TYPES: dict[str, tuple[type, ...]] = {

@@ -30,7 +30,8 @@ from typing import Any
 
 from searchrl.core.answers import normalize_answer, sub_exact_match
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc, format_docs
+from searchrl.core.records import Doc
+from searchrl.data.corpus import format_docs
 from searchrl.rewards.contract import RewardOutput
 
 PROMPT = """Answer the question using the documents. Reply with the answer only: a few words, no sentence.

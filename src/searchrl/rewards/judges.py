@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from searchrl.core.answers import exact_match, f1_score, normalize_answer
+from searchrl.core.records import Doc
 from searchrl.core.registry import Registry
-from searchrl.data.corpus import Doc
-from searchrl.envs.search import EnvState, StepInfo
+from searchrl.core.types import EnvState, StepInfo
 
 JUDGES: Registry[Callable[..., Any]] = Registry("judge")
 JUDGES.add_lazy("llm", "searchrl.rewards.llm_judge:LLMJudge")

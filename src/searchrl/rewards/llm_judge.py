@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from searchrl.envs.search import EnvState
+from searchrl.core.types import EnvState
 from searchrl.rewards.judges import JudgeItem, JudgeScores, think_text
 from searchrl.rollout.chat import client_from_args
 

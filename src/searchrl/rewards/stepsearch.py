@@ -41,8 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from searchrl.core.answers import normalize_answer, plain_f1, word_f1
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Hop
+from searchrl.core.records import Doc, Hop
 from searchrl.rewards.contract import RewardOutput
 from searchrl.rewards.research import cut_at_stop, research_format_ok, response_text
 

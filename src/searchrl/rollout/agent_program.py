@@ -83,9 +83,8 @@ class Played:
     answer: str | None = None
     ended: str = "answer"  # "answer" | "error" | "timeout" | "bad_return" | "no_answer"
     error: str = ""
-    searches: list[tuple[int, str, tuple[Doc, ...]]] = field(
-        default_factory=list
-    )  # (call index, query, docs)
+    # (index of the call after which it searched, query, documents)
+    searches: list[tuple[int, str, tuple[Doc, ...]]] = field(default_factory=list)
     reported: tuple[str, ...] = ()  # doc ids the program reported retrieving
 
 
@@ -165,8 +164,11 @@ class AgentProgramEnv(ToolEnv):
         ]
         played = self._run_all(ep, [(ex, s) for _, ex, s in jobs])
         trajs = [self._trajectory(ex, ep.take(s), p, gi, tokenizer) for (gi, ex, s), p in zip(jobs, played)]
-        for _, _, s in jobs:
-            ep.forget(s)
+        for (_, _, s), p in zip(jobs, played):
+            if (
+                p.ended != "timeout"
+            ):  # an abandoned program's session stays closed: its late calls are refused
+                ep.forget(s)
         stats = _stats(trajs)
         stats.extra.update(agent_metrics(trajs))
         stats.seconds = time.perf_counter() - t0
@@ -222,7 +224,8 @@ class AgentProgramEnv(ToolEnv):
                 result = self._command(example.question, base_url, session)
         except Exception as exc:  # the program's failure is its episode's, never the run's
             if p.ended != "timeout":
-                p.ended, p.error = "error", f"{type(exc).__name__}: {exc}"[:500]
+                killed = self.command and isinstance(exc, TimeoutError)  # a command past its time
+                p.ended, p.error = "timeout" if killed else "error", f"{type(exc).__name__}: {exc}"[:500]
             return
         if p.ended == "timeout":
             return

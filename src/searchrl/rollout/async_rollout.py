@@ -40,8 +40,8 @@ from typing import Any, cast
 import torch
 
 from searchrl.core.aggregate import Max, Mean, Sum
+from searchrl.core.records import Example
 from searchrl.core.types import Trajectory
-from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
 from searchrl.models.weights import load_into
 from searchrl.rollout.agent_loop import WINDOW

@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from searchrl.core.records import Example
 from searchrl.core.types import Segment, Trajectory
-from searchrl.data.example import Example
 from searchrl.envs.search import SearchEnv
 from searchrl.rollout.episode import (  # noqa: F401  (imported from here too)
     FINISH_REASONS,

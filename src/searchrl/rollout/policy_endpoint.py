@@ -40,6 +40,7 @@ from searchrl.rollout.generator import Generation, SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16  # choices one call may ask for
+MAX_SESSIONS = 100_000  # sessions a server keeps; past it, the oldest is forgotten
 _THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.S)
 _CALL_MARKERS = {"hermes": "<tool_call>", "qwen3_coder": "<tool_call>", "glm45": "<tool_call>"}
 
@@ -128,6 +129,8 @@ class PolicyEndpoint:
     # ------------------------------------------------------------------ sessions
     def session(self, name: str) -> Session:
         with self._lock:
+            if name not in self.sessions and len(self.sessions) >= MAX_SESSIONS:  # a long-lived server
+                self.sessions.pop(next(iter(self.sessions)))  # forgets its oldest session
             return self.sessions.setdefault(name, Session())
 
     def close(self, name: str, reason: str) -> None:
@@ -252,9 +255,8 @@ class PolicyEndpoint:
         closed = before.rstrip()
         close = next((e for e in self.chat.ends if closed.endswith(e)), None)
         new = after[len(before) :]
-        if (
-            close is not None
-        ):  # the template closes the turn: what follows the marker (all of it if unsampled)
+        # the template closes the turn: what follows its marker (the marker too, if the model did not sample it)
+        if close is not None:
             at = closed.rfind(close)
             return (before[at + len(close) :] if ended else before[at:]) + new
         if ended is not None and new.startswith(ended):  # the marker the model sampled opens what follows

@@ -41,8 +41,8 @@ import torch
 
 from searchrl.core.config import Experiment, LoraConfig
 from searchrl.core.errors import SearchRLError
+from searchrl.core.records import Example
 from searchrl.core.types import Trajectory
-from searchrl.data.example import Example
 from searchrl.models.weights import load_into
 from searchrl.rollout.async_rollout import AsyncRollout, _Batch, batch_metrics, worker_metrics
 from searchrl.rollout.generator import SamplingParams, generator_options

@@ -12,7 +12,7 @@ import pytest
 
 BUILD_AND_SEARCH = """
 import sys
-from searchrl.data.corpus import Doc
+from searchrl.core.records import Doc
 from searchrl.envs.retrievers.bm25 import BM25Retriever
 docs = [Doc("a", "Paris", "Paris is the capital of France."), Doc("b", "Berlin", "Berlin is in Germany.")]
 hits = BM25Retriever(docs).search(["capital of France"], 1)

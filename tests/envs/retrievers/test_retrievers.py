@@ -2,7 +2,8 @@ import time
 
 import pytest
 
-from searchrl.data.corpus import Doc, load_corpus
+from searchrl.core.records import Doc
+from searchrl.data.corpus import load_corpus
 from searchrl.envs.retrievers import build_retriever
 from searchrl.envs.retrievers.bm25 import BM25Retriever
 from searchrl.envs.retrievers.cache import CachedRetriever

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc, load_corpus
+from searchrl.core.records import Doc
+from searchrl.data.corpus import load_corpus
 from searchrl.envs.retrievers.cache import CachedRetriever
 from searchrl.envs.retrievers.protocol import RETRIEVERS, IndexedRetriever, Retriever
 

@@ -14,7 +14,8 @@ from typing import Any, Literal
 import numpy as np
 
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc, load_corpus
+from searchrl.core.records import Doc
+from searchrl.data.corpus import load_corpus
 from searchrl.data.docstore import FILE as STORE_FILE
 from searchrl.data.docstore import DocStore, write_docstore
 

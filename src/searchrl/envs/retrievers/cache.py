@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from searchrl.data.corpus import Doc
+from searchrl.core.records import Doc
 from searchrl.envs.retrievers.protocol import Retriever
 
 

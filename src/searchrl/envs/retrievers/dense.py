@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc, load_corpus
+from searchrl.core.records import Doc
+from searchrl.data.corpus import load_corpus
 from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, fetch
 from searchrl.envs.retrievers.faiss_index import (
     build_index,

@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from searchrl.core.errors import SearchRLError
+from searchrl.core.records import Doc
 from searchrl.core.serving import ServiceError, post_json
-from searchrl.data.corpus import Doc
 from searchrl.envs.retrievers.protocol import Retriever
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from searchrl.data.corpus import Doc
+from searchrl.core.records import Doc
 from searchrl.envs.retrievers.protocol import Retriever
 
 

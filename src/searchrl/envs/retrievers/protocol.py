@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from searchrl.core.records import Doc
 from searchrl.core.registry import Registry
-from searchrl.data.corpus import Doc
 
 
 @runtime_checkable

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc
+from searchrl.core.records import Doc
 
 USEFUL = """You are a search engine. Write {k} short documents (about {words} words each) that a web search for
 the query below would return, holding facts that help answer it.{context}

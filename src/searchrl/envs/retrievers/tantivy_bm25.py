@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc
+from searchrl.core.records import Doc
 from searchrl.envs.retrievers.bm25 import _load_docs, _save_docs, fetch
 
 _ANALYZER = "searchrl_en"

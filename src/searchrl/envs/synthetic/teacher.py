@@ -19,8 +19,9 @@ from typing import Any
 
 from searchrl.core.config import TeacherConfig
 from searchrl.core.errors import DataError
-from searchrl.data.example import Example
-from searchrl.envs.search import EnvState, SearchEnv
+from searchrl.core.records import Example
+from searchrl.core.types import EnvState
+from searchrl.envs.search import SearchEnv
 from searchrl.envs.synthetic.world import World
 from searchrl.envs.tags import REFINE_CLOSE, REFINE_OPEN
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from searchrl.core.config import WorldConfig
 from searchrl.core.errors import DataError
-from searchrl.data.corpus import Doc
-from searchrl.data.example import Example, Hop, read_jsonl, write_jsonl
+from searchrl.core.records import Doc, Example, Hop
+from searchrl.data.example import read_jsonl, write_jsonl
 from searchrl.envs.synthetic.names import make_names
 from searchrl.envs.synthetic.schema import (
     ATTRIBUTES,
