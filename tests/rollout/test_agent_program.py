@@ -456,3 +456,12 @@ def test_a_command_program_plays_through_its_environment(qwen_tok, tmp_path):
     t0 = time.monotonic()
     [t], _ = rollout([EX], slow, Scripted(qwen_tok, lambda p: "x"), qwen_tok, PARAMS, 1, 2048)
     assert t.finish_reason in ("timeout", "error") and time.monotonic() - t0 < 10
+
+
+def test_hung_programs_free_their_workers(qwen_tok):
+    """With one worker and three episodes whose program never returns, each is abandoned at its timeout and the
+    next starts: the collection ends in about three timeouts, not never."""
+    env = env_for(qwen_tok, hanging, timeout=1.0, workers=1)
+    t0 = time.monotonic()
+    trajs, _ = rollout([EX], env, Scripted(qwen_tok, lambda p: "x"), qwen_tok, PARAMS, 3, 2048)
+    assert [t.finish_reason for t in trajs] == ["timeout"] * 3 and time.monotonic() - t0 < 15

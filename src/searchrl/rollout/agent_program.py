@@ -165,9 +165,7 @@ class AgentProgramEnv(ToolEnv):
         played = self._run_all(ep, [(ex, s) for _, ex, s in jobs])
         trajs = [self._trajectory(ex, ep.take(s), p, gi, tokenizer) for (gi, ex, s), p in zip(jobs, played)]
         for (_, _, s), p in zip(jobs, played):
-            if (
-                p.ended != "timeout"
-            ):  # an abandoned program's session stays closed: its late calls are refused
+            if p.ended != "timeout":  # an abandoned program's session stays closed: late calls are refused
                 ep.forget(s)
         stats = _stats(trajs)
         stats.extra.update(agent_metrics(trajs))
@@ -175,46 +173,46 @@ class AgentProgramEnv(ToolEnv):
         return trajs, stats
 
     def _run_all(self, ep: PolicyEndpoint, jobs: list[tuple[Example, str]]) -> list[Played]:
-        """Run every job, ``workers`` at a time, each on a daemon thread (a hung program cannot be stopped, only
-        abandoned: its session is closed when its time is up)."""
+        """Run every job, ``workers`` at a time, each on a daemon thread. A hung program cannot be stopped, only
+        abandoned: when its time is up its session is closed (its later calls are refused) and its worker slot
+        goes to the next job, so a program that never returns never holds up the run."""
         out = [Played() for _ in jobs]
         started: list[float | None] = [None] * len(jobs)
         done = [threading.Event() for _ in jobs]
         slots = threading.Semaphore(max(1, self.workers))
+        lock = threading.Lock()
         assert self._served is not None
         url = self._served.url
+
+        def finish(i: int) -> None:  # the job's slot, given back once: by its thread or by its expiry
+            with lock:
+                if not done[i].is_set():
+                    done[i].set()
+                    slots.release()
 
         def work(i: int) -> None:
             try:
                 started[i] = time.monotonic()
                 self._run_one(jobs[i][0], f"{url}/s/{jobs[i][1]}/v1", jobs[i][1], out[i], ep)
             finally:
-                slots.release()
-                done[i].set()
+                finish(i)
+
+        def expire() -> None:
+            now = time.monotonic()
+            for i, t in enumerate(started):
+                if t is not None and not done[i].is_set() and now - t > self.timeout:
+                    out[i].ended, out[i].error = "timeout", f"the program ran past {self.timeout:g} s"
+                    ep.close(jobs[i][1], "timeout")
+                    finish(i)
 
         for i in range(len(jobs)):
-            slots.acquire()
+            while not slots.acquire(timeout=0.02):
+                expire()
             threading.Thread(target=work, args=(i,), daemon=True, name=f"agent-{i}").start()
-            self._expire(ep, jobs, out, started, done)
         while not all(d.is_set() for d in done):
             time.sleep(0.02)
-            self._expire(ep, jobs, out, started, done)
+            expire()
         return out
-
-    def _expire(
-        self,
-        ep: PolicyEndpoint,
-        jobs: Any,
-        out: list[Played],
-        started: list[float | None],
-        done: list[threading.Event],
-    ) -> None:
-        now = time.monotonic()
-        for i, t in enumerate(started):
-            if t is not None and not done[i].is_set() and now - t > self.timeout:
-                out[i].ended, out[i].error = "timeout", f"the program ran past {self.timeout:g} s"
-                ep.close(jobs[i][1], "timeout")
-                done[i].set()  # abandoned: its thread ends at its next (refused) call
 
     def _run_one(self, example: Example, base_url: str, session: str, p: Played, ep: PolicyEndpoint) -> None:
         try:
