@@ -19,6 +19,7 @@ from searchrl.app.cli import main
 from searchrl.app.slurm import SlurmResources, SlurmRun, job_states, resources, run_status
 from searchrl.app.sweep import load_sweep
 from searchrl.core.errors import ConfigError
+from tests.app.held_reward import HOLD_ENV
 from tests.engine.test_distributed import TINY_PIPELINE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,6 +164,11 @@ def submitted_job(capsys) -> str:
     return out.split("job ")[1].split(";")[0].split()[0]
 
 
+def metric_rows(run: Path) -> list[str]:
+    f = run / "metrics.jsonl"
+    return f.read_text().splitlines() if f.exists() else []
+
+
 def attempts(run: Path) -> list[dict]:
     f = run / "slurm" / "attempts.jsonl"
     return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
@@ -202,27 +208,31 @@ def test_a_sweep_is_submitted_run_and_collected(
 
 @pytest.mark.slurm
 def test_a_requeued_run_resumes_to_the_uninterrupted_weights(
-    slurm_cluster, job_env, tmp_path, world_dir, agent_model_dir, capsys
+    slurm_cluster, job_env, tmp_path, world_dir, agent_model_dir, capsys, monkeypatch
 ):
     """`scontrol requeue` mid-training: SIGTERM reaches the run, which saves at its step and exits 75; SLURM
     requeues the job and the next attempt resumes; the final weights equal an uninterrupted job's, bit for bit."""
     from safetensors.torch import load_file
 
-    common = [f"data.world_dir={world_dir}", f"model.path={agent_model_dir}", *TINY, "trainer.steps=6"]
+    held = [o for o in TINY if not o.startswith("rewards=")] + [
+        "rewards=[{name: 'tests.app.held_reward:held_f1'}]"
+    ]
+    common = [f"data.world_dir={world_dir}", f"model.path={agent_model_dir}", *held, "trainer.steps=6"]
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the reward's module, in the job
     runs = {}
     for name in ("whole", "requeued"):
         out = tmp_path / name
+        if name == "requeued":  # held in its third step until the requeue's signal has reached it
+            out.mkdir()
+            (out / "hold").touch()
+            monkeypatch.setenv(HOLD_ENV, str(out))
         submit_train(out, common, "cpus_per_task=1")
         runs[name] = (out, submitted_job(capsys))
     out, jid = runs["requeued"]
-    wait_for(
-        lambda: (
-            (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 2
-        ),
-        600,
-        "two GRPO steps",
-    )
+    wait_for(lambda: len(metric_rows(out)) >= 2, 600, "two GRPO steps")
     subprocess.run(["scontrol", "requeue", jid], check=True)
+    wait_for(lambda: (out / "signalled").exists(), 120, "the requeue's SIGTERM to reach the run")
+    (out / "hold").unlink()
     wait_for(lambda: job_field(jid, "Restarts") == "1", 120, "the requeue")
     release_requeued(jid)
     for name, (_, j) in runs.items():
@@ -230,6 +240,7 @@ def test_a_requeued_run_resumes_to_the_uninterrupted_weights(
     tries = attempts(out)
     assert [a.get("exit") for a in tries if "exit" in a] == [75, 0], tries
     assert "resumed from" in (out / "slurm" / "run.log").read_text()
+    assert len(metric_rows(out)) == 6 and not (out / "hold").exists()
     w1, w2 = (load_file(o / "final" / "model.safetensors") for o, _ in runs.values())
     assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
 
