@@ -57,6 +57,9 @@ def test_every_shipped_experiment_validates_with_its_inputs_allowed_missing(tmp_
     refuses it naming the input and pointing at --allow-missing; with it, each shipped file is ok and the
     inputs still to fetch or build are listed. Run where none of them exists (a fresh directory)."""
     monkeypatch.chdir(tmp_path)
+    # the agent recipe's program, importable as its comment says to run it (PYTHONPATH=examples/agents); without
+    # this the test passed only after a test that had imported the module
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "agents"))
     files = sorted(
         str(f)
         for f in (REPO / "experiments").rglob("*.yaml")

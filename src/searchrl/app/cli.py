@@ -194,9 +194,11 @@ def _add_build_model(sub: Any) -> None:
 
 def _add_tokenizer(sub: Any) -> None:
     k = sub.add_parser(
-        "tokenizer", help="write a real model's tokenizer offline (Qwen2.5's or Qwen3's, from the qwen extra)"
+        "tokenizer",
+        help="write a real model's tokenizer offline (Qwen2.5's or Qwen3's from the qwen extra; Mistral's tekken "
+        "from the mistral extra)",
     )
-    k.add_argument("name", choices=["qwen2.5", "qwen3"], help="the vocabulary")
+    k.add_argument("name", choices=["qwen2.5", "qwen3", "mistral-tekken"], help="the vocabulary")
     k.add_argument("--out", required=True, type=Path, help="the directory to write the tokenizer to")
     k.set_defaults(fn=commands.cmd_tokenizer)
 

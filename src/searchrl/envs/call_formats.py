@@ -9,6 +9,10 @@
 - ``llama3_json``: the whole turn is one JSON object ``{"name": …, "parameters": {…}}`` (or several separated
   by ``;``), optionally after ``<|python_tag|>``: Llama 3.1-3.3's JSON tool calls. A turn that does not start
   with ``{`` is the final answer.
+- ``mistral``: ``[TOOL_CALLS]`` then a JSON list of ``{"name": …, "arguments": {…}, "id": …}`` (Mistral's
+  instruct models, Ministral, Mistral-Nemo: their tokenizer's control tokens, as `mistral-common` renders them).
+  The id is the model's (nine letters or digits); the tool results name it (``call_id``), and a call written
+  without a usable one gets one (`call_ids`).
 - ``glm45``: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>`` / ``<arg_value>V</arg_value>`` pairs, then
   ``</tool_call>`` (GLM-4.5, GLM-4.6; values typed by the tool's schema, as ``qwen3_coder``'s). Its template closes
   no turn: the model ends a calling turn with ``<|observation|>``, an answer with ``<|user|>``
@@ -28,12 +32,15 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from searchrl.core.errors import DataError
 from searchrl.envs.tools import CLOSE, OPEN, Tool, ToolCall, _loads, _one_call, parse_tool_calls
 
-FORMATS = ("hermes", "qwen3_coder", "llama3_json", "glm45")
+FORMATS = ("hermes", "qwen3_coder", "llama3_json", "glm45", "mistral")
+MISTRAL_CALLS = "[TOOL_CALLS]"
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
 _FUNCTION = re.compile(r"<function=([^>\n]{1,200})>(.*?)(?:</function>|\Z)", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
 
@@ -55,6 +62,8 @@ def detect(template: str | None) -> str:
         return "qwen3_coder"
     if "<arg_key>" in text and "<arg_value>" in text:
         return "glm45"
+    if MISTRAL_CALLS in text:
+        return "mistral"
     for name, (_, marker) in UNSUPPORTED.items():
         if marker in text:
             return name
@@ -79,7 +88,7 @@ def resolve(call_format: str, template: str | None) -> str:
         raise DataError(
             f"the chat template writes tool calls in {UNSUPPORTED[found][0]}'s format, which the tool protocol "
             f"does not read yet (it reads {', '.join(FORMATS)}); set env.call_format to one of those if the "
-            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+)"
+            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral)"
         )
     return found
 
@@ -92,6 +101,8 @@ def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None)
         return _parse_llama(text, tools, limit)
     if fmt == "glm45":
         return parse_tool_calls(text, tools, limit, _glm_call)
+    if fmt == "mistral":
+        return _parse_mistral(text, tools, limit)
     return parse_tool_calls(text, tools, limit)
 
 
@@ -105,6 +116,9 @@ def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
         return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
     if fmt == "llama3_json":
         return json.dumps({"name": name, "parameters": arguments})
+    if fmt == "mistral":  # as mistral-common renders a call; the id made from the call (nine characters)
+        call = {"name": name, "arguments": arguments, "id": _made_id(f"{name}{json.dumps(arguments)}")}
+        return f"{MISTRAL_CALLS}[{json.dumps(call, ensure_ascii=False)}]"
     if fmt == "glm45":  # as GLM-4.5's template writes a call (a string raw, anything else as JSON)
         pairs = "".join(
             f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</arg_value>\n"
@@ -112,6 +126,68 @@ def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
         )
         return f"{OPEN}{name}\n{pairs}{CLOSE}"
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
+
+
+def call_ids(calls: list[ToolCall]) -> list[str]:
+    """The id each call's result names: the model's own where it wrote a usable one (Mistral's nine letters or
+    digits), else one made from the call's place in the turn, distinct from the others."""
+    ids = [c.id if c.id is not None and _MISTRAL_ID.fullmatch(c.id) else None for c in calls]
+    taken = {i for i in ids if i is not None}
+    out = []
+    for k, i in enumerate(ids):
+        if i is None:
+            i = _made_id(f"call{k}")
+            while i in taken:
+                i = _made_id(i)
+        taken.add(i)
+        out.append(i)
+    return out
+
+
+def _made_id(seed: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(seed.encode("utf-8", "replace")).hexdigest()[:9]
+
+
+def _parse_mistral(text: str, tools: dict[str, Tool], limit: int | None) -> list[ToolCall]:
+    """The JSON list after ``[TOOL_CALLS]`` (one object is read as a list of one); a turn without the marker is
+    an answer. Each call's ``id`` is kept."""
+    at = text.find(MISTRAL_CALLS)
+    if at < 0:
+        return []
+    body = text[at + len(MISTRAL_CALLS) :].strip()
+    try:
+        _, end = json.JSONDecoder().raw_decode(body)
+    except (ValueError, RecursionError) as exc:
+        why = f"the tool calls are not valid JSON ({str(exc)[:120]})"
+        return [ToolCall(None, error="malformed_json", detail=why)]
+    obj, bad = _loads(body[:end])  # the duplicate-key and text checks of every format
+    if bad is not None:
+        return [bad]
+    items = obj if isinstance(obj, list) else [obj]
+    if not items:
+        return [
+            ToolCall(
+                None,
+                error="missing_name",
+                detail='[TOOL_CALLS] holds no call: [{"name": ..., "arguments": {...}}]',
+            )
+        ]
+    calls: list[ToolCall] = []
+    for item in items[: limit if limit is not None else len(items)]:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            calls.append(
+                ToolCall(
+                    None, error="missing_name", detail='a tool call is {"name": ..., "arguments": {...}}'
+                )
+            )
+            continue
+        raw = json.dumps({"name": item["name"], "arguments": item.get("arguments", {})}, ensure_ascii=False)
+        call = _one_call(raw, tools)  # the same checks (text, schema) as a JSON call
+        got = item.get("id")
+        calls.append(replace(call, id=got) if isinstance(got, str) and _MISTRAL_ID.fullmatch(got) else call)
+    return _capped(calls, len(items) - len(calls), limit)
 
 
 def _capped(calls: list[ToolCall], extra: int, limit: int | None) -> list[ToolCall]:

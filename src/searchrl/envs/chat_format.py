@@ -95,13 +95,14 @@ class ChatFormat:
         user = {"role": "user", "content": "q"}
         calls: list[tuple[str, dict[str, Any]]] = [("search", {})]
         try:
-            closed = self.render([user, _stand_in(calls)], opened=False)
+            closed = self._with_calls([user], calls, [STAND_IN_ID], [], opened=False)
         except Exception:  # a template that cannot render a call: refused when the tool protocol renders one
             return self.end_of_turn
         after = closed[closed.find(_MARK) + len(_MARK) :] if _MARK in closed else closed
         if self.end_of_turn in after:
             return self.end_of_turn
-        with_tool = self.render([user, _stand_in(calls), {"role": "tool", "name": "search", "content": "r"}])
+        tool = {"role": "tool", "name": "search", "content": "r", "tool_call_id": STAND_IN_ID}
+        with_tool = self._with_calls([user], calls, [STAND_IN_ID], [tool])
         marker = _MARKER.match(with_tool[len(closed) :]) if with_tool.startswith(closed) else None
         return marker.group(1) if marker else self.end_of_turn
 
@@ -131,21 +132,22 @@ class ChatFormat:
             return text
         return self._specials.sub(lambda m: m.group(0)[0] + _ZWSP + m.group(0)[1:], text)
 
-    def after_tool_calls(self, calls: list[tuple[str, dict[str, Any]]], results: list[str]) -> str:
+    def after_tool_calls(
+        self, calls: list[tuple[str, dict[str, Any]]], results: list[str], ids: list[str] | None = None
+    ) -> str:
         """What the template writes after an assistant turn that made ``calls`` (name, arguments), up to
         the next assistant turn opened: the end of that turn (Qwen: a newline), the tool messages holding
-        ``results`` (escaped: `escape`), and the generation prompt. The model's own end-of-turn token is not
-        in it.
+        ``results`` (escaped: `escape`) and naming the calls' ``ids`` (Mistral's results do), and the
+        generation prompt. The model's own end-of-turn token is not in it.
 
         The stand-in turn carries the calls' names with empty arguments: what the model wrote is already in
         the ids, and an argument holding the end-of-turn text must not end the stand-in early."""
+        ids = ids or [f"{STAND_IN_ID[:-1]}{k % 10}" for k in range(len(calls))]
         tool_msgs = [
-            {"role": "tool", "name": n, "content": self.escape(r)} for (n, _), r in zip(calls, results)
+            {"role": "tool", "name": n, "content": self.escape(r), "tool_call_id": i}
+            for (n, _), r, i in zip(calls, results, ids)
         ]
-        try:
-            text = self.render([{"role": "user", "content": "q"}, _stand_in(calls), *tool_msgs])
-        except Exception:  # a template that takes one call per turn (Meta's Llama 3.1 / 3.2)
-            text = self.render([{"role": "user", "content": "q"}, _stand_in(calls[:1]), *tool_msgs])
+        text = self._with_calls([{"role": "user", "content": "q"}], calls, ids, tool_msgs)
         start = text.find(_MARK)
         if start < 0:  # the template drops a tool-calling turn's content: the turn starts after the prompt
             prompt = self.render([{"role": "user", "content": "q"}])
@@ -155,12 +157,38 @@ class ChatFormat:
             raise DataError(f"the chat template did not close the assistant turn with {self.call_end!r}")
         return text[at + len(self.call_end) :]
 
+    def _with_calls(
+        self,
+        before: list[dict[str, Any]],
+        calls: list[tuple[str, dict[str, Any]]],
+        ids: list[str],
+        tool_msgs: list[dict[str, Any]],
+        opened: bool = True,
+    ) -> str:
+        """``before``, a stand-in assistant turn making ``calls``, then ``tool_msgs``, rendered. The stand-in
+        holds `_MARK` as its content where the template allows it; a template that refuses content beside calls
+        (Mistral's) gets none, and one that takes one call per turn (Meta's Llama 3.1 / 3.2) gets the first."""
+        tries = [(calls, _MARK), (calls, ""), (calls[:1], _MARK), (calls[:1], "")]
+        for k, (made, content) in enumerate(tries):
+            try:
+                return self.render([*before, _stand_in(made, ids, content), *tool_msgs], opened=opened)
+            except Exception:
+                if k == len(tries) - 1:
+                    raise
+        raise AssertionError("unreachable")
 
-def _stand_in(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+
+STAND_IN_ID = "searchrl0"  # a call id of the length Mistral's templates require (nine letters or digits)
+
+
+def _stand_in(calls: list[tuple[str, dict[str, Any]]], ids: list[str], content: str) -> dict[str, Any]:
     return {
         "role": "assistant",
-        "content": _MARK,
-        "tool_calls": [{"type": "function", "function": {"name": n, "arguments": {}}} for n, _ in calls],
+        "content": content,
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": n, "arguments": {}}}
+            for (n, _), i in zip(calls, ids)
+        ],
     }
 
 

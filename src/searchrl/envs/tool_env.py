@@ -298,8 +298,10 @@ class ToolEnv(SearchEnv):
         last = state.n_turns + 1 >= self.max_turns  # this turn used the last of the budget
         if last and self.on_budget == "force_answer":
             texts[-1] += BUDGET_NOTE
+        from searchrl.envs.call_formats import call_ids
+
         named = [(c.name or "invalid", c.arguments) for c in calls]
-        obs = self.format.after_tool_calls(named, texts)
+        obs = self.format.after_tool_calls(named, texts, call_ids(calls))
         if last and self.on_budget == "end":
             return obs, True, "budget"
         return obs, False, None
@@ -364,7 +366,8 @@ class ToolEnv(SearchEnv):
         from searchrl.envs.call_formats import write
 
         call = write(self.call_format, "search", {"query": query})
-        if self.call_format == "llama3_json":  # the whole turn is the call
+        if self.call_format in ("llama3_json", "mistral"):  # the whole turn is the call (Mistral's templates
+            # refuse a turn with both text and calls)
             return f"{call}{self.format.call_end}"
         return f"{self._think(think)}{call}{self.format.call_end}"
 

@@ -67,6 +67,7 @@ class ToolCall:
     arguments: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # one of `CALL_ERRORS`
     detail: str = ""  # what was wrong, told to the model
+    id: str | None = None  # the id the model gave the call (Mistral writes one; its result names it)
 
     @property
     def valid(self) -> bool:

@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchrl.envs.call_formats import parse
+from searchrl.envs.call_formats import MISTRAL_CALLS, call_ids, parse
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.tools import Tool
 from searchrl.rollout.generator import Generation, SamplingParams
@@ -42,7 +42,12 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16  # choices one call may ask for
 MAX_SESSIONS = 100_000  # sessions a server keeps; past it, the oldest is forgotten
 _THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.S)
-_CALL_MARKERS = {"hermes": "<tool_call>", "qwen3_coder": "<tool_call>", "glm45": "<tool_call>"}
+_CALL_MARKERS = {
+    "hermes": "<tool_call>",
+    "qwen3_coder": "<tool_call>",
+    "glm45": "<tool_call>",
+    "mistral": MISTRAL_CALLS,
+}
 
 
 class Refused(Exception):
@@ -324,13 +329,15 @@ class PolicyEndpoint:
         marker = _CALL_MARKERS.get(self.call_format)
         content = turn[: turn.find(marker)].strip() if marker and marker in turn else ""
         message["content"] = content or None
+        # the model's own ids where it wrote them (Mistral's, which its template renders back), else new ones
+        ids = (
+            call_ids(calls)
+            if self.call_format == "mistral"
+            else [f"call_{uuid.uuid4().hex[:24]}" for _ in calls]
+        )
         message["tool_calls"] = [
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-            }
-            for c in calls
+            {"id": i, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for c, i in zip(calls, ids)
         ]
         return message, tuple(str(c.name) for c in calls), 0
 
