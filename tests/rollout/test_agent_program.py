@@ -341,7 +341,14 @@ def post(url: str, body, headers=None) -> tuple[int, dict]:
         ({"messages": [{"role": "user", "content": 3}]}, "content must be"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "'n' must be"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0]"),
-        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "always"}, "tool_choice"),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tool_choice": {"type": "function", "function": {"name": "x"}},
+            },
+            "not among",
+        ),
         ({"messages": [{"role": "assistant", "content": "x", "tool_calls": "no"}]}, "tool_calls must be"),
         ({"prompt": [-1, 5]}, "token ids must be"),
     ],
@@ -384,6 +391,13 @@ def test_the_endpoint_records_sessions_reads_calls_and_refuses_past_its_budget(s
         )
     status, out = post(url + "/s/ep1/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
     assert status == 400 and out["error"]["code"] == "call_budget_spent"
+    # the budget counts completions (each may start a training row): n=2 with one left is refused whole
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    assert post(url + "/s/ep2/v1/chat/completions", {**body, "n": 3})[0] == 200
+    status, out = post(url + "/s/ep2/v1/chat/completions", {**body, "n": 2})
+    assert (
+        status == 400 and "fewer than n=2" in out["error"]["message"] and len(ep.sessions["ep2"].calls) == 3
+    )
     ep.close("h", "timeout")
     status, out = post(
         url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}, {"X-Session-Id": "h"}
@@ -465,3 +479,36 @@ def test_hung_programs_free_their_workers(qwen_tok):
     t0 = time.monotonic()
     trajs, _ = rollout([EX], env, Scripted(qwen_tok, lambda p: "x"), qwen_tok, PARAMS, 3, 2048)
     assert [t.finish_reason for t in trajs] == ["timeout"] * 3 and time.monotonic() - t0 < 15
+
+
+def smolagents_turns(prompt: str) -> str:
+    """Search, then call smolagents' ``final_answer`` tool once the search's result is in the history."""
+    if "directed by" in prompt:
+        return call("final_answer", answer="Ann Lee")
+    return call("search", query="Zelka director")
+
+
+def test_a_smolagents_agent_trains_one_row_per_call(monkeypatch, qwen_tok):
+    """The smolagents example (`ToolCallingAgent` over `OpenAIServerModel`), unchanged, through the endpoint: it
+    asks for ``tool_choice: required`` (taken, not enforced) and sends its history back as its own text (the call
+    as "Calling tools: …", the result as an "Observation:" user message), so each call is a row of its own; each
+    row is a prompt the endpoint sent and the completion sampled from it, and both rows carry the episode."""
+    pytest.importorskip("smolagents")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    sys.modules.pop("smolagents_search_agent", None)
+    import smolagents_search_agent
+
+    gen = Scripted(qwen_tok, smolagents_turns)
+    env = env_for(qwen_tok, smolagents_search_agent.run, timeout=60)
+    trajs, stats = rollout([EX], env, gen, qwen_tok, PARAMS, 1, 4096)
+    [t] = trajs
+    assert t.answer == "Ann Lee" and t.finish_reason == "answer" and t.info["agent_rows"] == 2
+    assert [q for q, _ in t.episode.searches()] == ["Zelka director"]
+    rows = unfold(trajs)
+    assert len(rows) == 2 and rows[0].episode_id == rows[1].episode_id and rows[0].state is rows[1].state
+    assert len(gen.prompts) == 2
+    for row, prompt, turn in zip(rows, gen.prompts, ("Zelka director", "final_answer")):
+        [prompt_seg, action] = [s for s in row.segments]
+        assert prompt_seg.token_ids == prompt and action.logprobs == [-0.5] * len(action.token_ids)
+        assert turn in qwen_tok.decode(action.token_ids)
+    assert float(stats.metrics()["agent/split_episodes"]) == 1.0

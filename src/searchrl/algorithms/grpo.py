@@ -99,8 +99,11 @@ class GRPO(Algorithm):
 
     @classmethod
     def requires(cls, config: GRPOConfig, env: EnvConfig) -> Requirements:
-        # training rows per episode: one per context when long episodes are folded (`envs.context`)
+        # training rows per episode: one per context when long episodes are folded (`envs.context`); an agent
+        # program's episode at most one per completion it may ask for (`rollout.agent_program`)
         segments = env.context.max_segments if env.context is not None else 1
+        if env.protocol == "agent" and env.agent_program is not None:
+            segments = env.agent_program.max_calls
         return Requirements(
             samples_per_item=config.group_size * segments,
             reference=config.kl_coef > 0,

@@ -159,8 +159,7 @@ class PolicyEndpoint:
         """A ``/v1/chat/completions`` body as a request: validated, rendered (extending where it can)."""
         messages = _messages(body.get("messages"))
         tools = _tools(body.get("tools"))
-        if body.get("tool_choice") not in (None, "auto", "none"):
-            raise Refused("tool_choice must be 'auto' or 'none'")  # forcing a call is not sampling the policy
+        _tool_choice(body.get("tool_choice"), tools)
         schemas = [t.schema for t in tools.values()] if body.get("tool_choice") != "none" else []
         norm = [_norm(m) for m in messages]
         s = self._open(session)
@@ -222,6 +221,18 @@ class PolicyEndpoint:
         if wanted is not None:
             cap = min(cap, _int(wanted, "max_tokens", 1, 10**9))
         n = _int(body.get("n", 1), "n", 1, MAX_N)
+        s = self.session(session)
+        if (
+            self.max_calls is not None and len(s.calls) + n > self.max_calls
+        ):  # completions, not requests: each
+            # may start a training row, and the trainer sizes a step by this budget
+            s.closed = "budget"
+            raise Refused(
+                f"the session's call budget ({self.max_calls} completions) has {self.max_calls - len(s.calls)} "
+                f"left, fewer than n={n}",
+                400,
+                "call_budget_spent",
+            )
         if self.sampling is not None:
             temperature, top_p = self.sampling.temperature, self.sampling.top_p
         else:
@@ -343,6 +354,22 @@ class PolicyEndpoint:
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _tool_choice(choice: Any, tools: dict[str, Tool]) -> None:
+    """``tool_choice`` checked: auto, none, required, or a named function the request offers. Required and named
+    choices are taken but not enforced: the reply is what the policy sampled (a constrained sample would not have
+    the behaviour log-probs the trainer uses), a turn without a call coming back as text (agent frameworks such as
+    smolagents ask for ``required`` on every call and handle a reply without one)."""
+    if choice in (None, "auto", "none", "required"):
+        return
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)):
+        raise Refused(
+            "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        )
+    if name not in tools:
+        raise Refused(f"tool_choice names {name[:80]!r}, which is not among the request's tools")
 
 
 # ---------------------------------------------------------------------- the messages as the template reads them

@@ -1,0 +1,104 @@
+"""Every measured figure in the README is read from a committed results file (`benchmarks/results/`): each entry
+below names the file, the values in it, and the README text they make; the README must hold that text (its line
+breaks read as spaces). A figure re-measured without the README, or the README edited without its file, fails
+here."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def at(data: Any, path: str) -> Any:
+    for key in path.split("."):
+        data = data[key]
+    return data
+
+
+def mean_sd(values: list[float]) -> str:
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def learning(name: str) -> list[str]:
+    """`benchmarks/learning.py`'s file: the quickstart over seeds, its mean ± sd per stage and the paired gain."""
+    d = json.loads((RESULTS / f"{name}.json").read_text())
+    s = d["summary"]
+    p = s["paired"]
+    seeds = d["args"]["seeds"]
+    return [
+        f"Over {len(seeds)} seeds ({', '.join(map(str, seeds))}",
+        f"SFT {s['sft']['mean']:.3f} ± {s['sft']['std']:.3f}, GRPO {s['grpo']['mean']:.3f} ± {s['grpo']['std']:.3f}",
+        f"GRPO − SFT {p['difference']:+.3f} paired, [{p['low']:.3f}, {p['high']:.3f}]",
+        f"| tag quickstart, {len(seeds)} seeds | {s['sft']['mean']:.3f} ± {s['sft']['std']:.3f} | "
+        f"{s['grpo']['mean']:.3f} ± {s['grpo']['std']:.3f} | |",
+    ]
+
+
+def learning_seed(name: str, seed: int) -> list[str]:
+    """One seed's row of the quickstart's table, from that seed's results in the same file."""
+    d = json.loads((RESULTS / f"{name}.json").read_text())
+    r = d["per_seed"][str(seed)]
+    rows = []
+    for stage, label in (("sft", "SFT warm start (400 steps)"), ("grpo", "GRPO (60 steps)")):
+        m = r[stage]
+        rows.append(
+            f"| {label} | {m['em']:.3f} | {m['f1']:.3f} | {m['searches_per_question']:.2f} | "
+            f"{m['gold_doc_recall']:.3f} |"
+        )
+    return rows
+
+
+def sweep(name: str, labels: dict[str, str]) -> list[str]:
+    """A recipe sweep's (`benchmarks/algorithms.py`) test EM, mean ± sd over seeds, as the README quotes it."""
+    s = json.loads((RESULTS / f"{name}.json").read_text())["summary"]
+    return [
+        f"{label} {s[key]['em']['mean']:.3f} ± {s[key]['em']['std']:.3f}" for key, label in labels.items()
+    ]
+
+
+def tools_table() -> list[str]:
+    d = json.loads((RESULTS / "tools_protocol.json").read_text())["tools"]
+    rows = []
+    for seed, device in (("0", "2 CPU cores"), ("1", "2 CPU cores"), ("2", "H100")):
+        sft, grpo = d[seed]["sft"]["em"], d[seed]["grpo"]["em"]
+        rows.append(f"| seed {seed} ({device}) | {sft:.3f} | {grpo:.3f} | {grpo - sft:+.3f} |")
+    sft = [d[s]["sft"]["em"] for s in "012"]
+    grpo = [d[s]["grpo"]["em"] for s in "012"]
+    rows.append(f"| 3 seeds, mean ± sd | {mean_sd(sft)} | {mean_sd(grpo)} | |")
+    return rows
+
+
+FIGURES = {
+    "search_agents_2026": lambda: sweep(
+        "search_agents_2026", {"grpo": "GRPO", "searchr1pp": "Search-R1++", "zerosearch": "ZeroSearch"}
+    ),
+    "long_horizons": lambda: [
+        "{} against {} truncating".format(
+            *sweep(
+                "long_horizons",
+                {"long_horizon": "EM](docs/algorithms/long_horizons.md)", "long_horizon_truncated": ""},
+            )
+        ).replace("against  ", "against ")
+    ],
+    "tools_protocol": tools_table,
+}
+
+
+def readme() -> str:
+    return re.sub(r"\s+", " ", (REPO / "README.md").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_each_readme_figure_is_its_results_file(name):
+    text = readme()
+    for figure in FIGURES[name]():
+        figure = re.sub(r"\s+", " ", figure)
+        assert figure in text, f"README.md does not say {figure!r} (from benchmarks/results/{name}.json)"
