@@ -27,25 +27,29 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def learning(name: str) -> list[str]:
-    """`benchmarks/learning.py`'s file: the quickstart over seeds, its mean ± sd per stage and the paired gain."""
+def learning(name: str, table_row: bool = False) -> list[str]:
+    """`benchmarks/learning.py`'s file: the quickstart over seeds, its mean ± sd per stage and the paired gain; with
+    ``table_row``, the row the tool quickstart's table gives it."""
     d = json.loads((RESULTS / f"{name}.json").read_text())
     s = d["summary"]
     p = s["paired"]
     seeds = d["args"]["seeds"]
-    return [
-        f"Over {len(seeds)} seeds ({', '.join(map(str, seeds))}",
-        f"SFT {s['sft']['mean']:.3f} ± {s['sft']['std']:.3f}, GRPO {s['grpo']['mean']:.3f} ± {s['grpo']['std']:.3f}",
+    sft, grpo = (f"{s[k]['mean']:.3f} ± {s[k]['std']:.3f}" for k in ("sft", "grpo"))
+    out = [
+        f"{len(seeds)} seeds ({', '.join(map(str, seeds))})",
+        f"SFT {sft}, GRPO {grpo}",
         f"GRPO − SFT {p['difference']:+.3f} paired, [{p['low']:.3f}, {p['high']:.3f}]",
-        f"| tag quickstart, {len(seeds)} seeds | {s['sft']['mean']:.3f} ± {s['sft']['std']:.3f} | "
-        f"{s['grpo']['mean']:.3f} ± {s['grpo']['std']:.3f} | |",
     ]
+    return (
+        [*out, f"| tag quickstart, {len(seeds)} seeds (2 CPU cores) | {sft} | {grpo} | |"]
+        if table_row
+        else out
+    )
 
 
 def learning_seed(name: str, seed: int) -> list[str]:
-    """One seed's row of the quickstart's table, from that seed's results in the same file."""
-    d = json.loads((RESULTS / f"{name}.json").read_text())
-    r = d["per_seed"][str(seed)]
+    """One seed's rows of the quickstart's table, from that seed's results in the same file."""
+    r = json.loads((RESULTS / f"{name}.json").read_text())["per_seed"][str(seed)]
     rows = []
     for stage, label in (("sft", "SFT warm start (400 steps)"), ("grpo", "GRPO (60 steps)")):
         m = r[stage]
@@ -89,6 +93,11 @@ FIGURES = {
         ).replace("against  ", "against ")
     ],
     "tools_protocol": tools_table,
+    "learning-2026-11-28": lambda: [
+        *learning("learning-2026-11-28", table_row=True),
+        *learning_seed("learning-2026-11-28", 0),
+    ],
+    "learning": lambda: learning("learning"),
 }
 
 

@@ -174,7 +174,9 @@ class AgentProgramConfig:
     command: tuple[str, ...] | None = None
     timeout: float = ranged(300.0, POSITIVE)  # seconds one episode may run; then it ends, scored as it stands
     workers: int = ranged(64, AT_LEAST_1)  # episodes that run at once (their calls are batched together)
-    max_calls: int = ranged(8, AT_LEAST_1)  # model calls one episode may make; later calls are refused
+    # completions one episode may ask for (a request's n counts each; later requests are refused): also the most
+    # training rows an episode makes, which GRPO sizes its step by
+    max_calls: int = ranged(8, AT_LEAST_1)
 
 
 @dataclass(frozen=True)

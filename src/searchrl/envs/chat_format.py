@@ -169,13 +169,13 @@ class ChatFormat:
         holds `_MARK` as its content where the template allows it; a template that refuses content beside calls
         (Mistral's) gets none, and one that takes one call per turn (Meta's Llama 3.1 / 3.2) gets the first."""
         tries = [(calls, _MARK), (calls, ""), (calls[:1], _MARK), (calls[:1], "")]
-        for k, (made, content) in enumerate(tries):
+        for made, content in tries[:-1]:
             try:
                 return self.render([*before, _stand_in(made, ids, content), *tool_msgs], opened=opened)
             except Exception:
-                if k == len(tries) - 1:
-                    raise
-        raise AssertionError("unreachable")
+                continue
+        made, content = tries[-1]
+        return self.render([*before, _stand_in(made, ids, content), *tool_msgs], opened=opened)
 
 
 STAND_IN_ID = "searchrl0"  # a call id of the length Mistral's templates require (nine letters or digits)

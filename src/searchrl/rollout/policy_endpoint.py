@@ -194,9 +194,6 @@ class PolicyEndpoint:
             )
         if s.closed:
             raise Refused(f"session {session!r} is closed ({s.closed})", 409, "session_closed")
-        if self.max_calls is not None and len(s.calls) >= self.max_calls:
-            s.closed = "budget"
-            raise Refused(f"the session's call budget ({self.max_calls}) is spent", 400, "call_budget_spent")
         return s
 
     def _request(
@@ -222,11 +219,12 @@ class PolicyEndpoint:
             cap = min(cap, _int(wanted, "max_tokens", 1, 10**9))
         n = _int(body.get("n", 1), "n", 1, MAX_N)
         s = self.session(session)
-        if (
-            self.max_calls is not None and len(s.calls) + n > self.max_calls
-        ):  # completions, not requests: each
-            # may start a training row, and the trainer sizes a step by this budget
-            s.closed = "budget"
+        # the budget counts completions, not requests: each may start a training row, and the trainer sizes a
+        # step by this budget (`algorithms.grpo`)
+        if self.max_calls is not None and len(s.calls) + n > self.max_calls:
+            # spent, the session ends; otherwise a smaller n may still fit
+            if len(s.calls) >= self.max_calls:
+                s.closed = "budget"
             raise Refused(
                 f"the session's call budget ({self.max_calls} completions) has {self.max_calls - len(s.calls)} "
                 f"left, fewer than n={n}",
