@@ -86,11 +86,11 @@ FIGURES = {
     ),
     "long_horizons": lambda: [
         "{} against {} truncating".format(
-            *sweep(
-                "long_horizons",
-                {"long_horizon": "EM](docs/algorithms/long_horizons.md)", "long_horizon_truncated": ""},
+            *(
+                f.split(" ", 1)[1]
+                for f in sweep("long_horizons", {"long_horizon": "-", "long_horizon_truncated": "-"})
             )
-        ).replace("against  ", "against ")
+        )
     ],
     "tools_protocol": tools_table,
     "learning-2026-11-28": lambda: [

@@ -176,16 +176,8 @@ def _parse_mistral(text: str, tools: dict[str, Tool], limit: int | None) -> list
         ]
     calls: list[ToolCall] = []
     for item in items[: limit if limit is not None else len(items)]:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            calls.append(
-                ToolCall(
-                    None, error="missing_name", detail='a tool call is {"name": ..., "arguments": {...}}'
-                )
-            )
-            continue
-        raw = json.dumps({"name": item["name"], "arguments": item.get("arguments", {})}, ensure_ascii=False)
-        call = _one_call(raw, tools)  # the same checks (text, schema) as a JSON call
-        got = item.get("id")
+        call = _llama_call(json.dumps(item, ensure_ascii=False), item, tools)  # JSON calls' checks
+        got = item.get("id") if isinstance(item, dict) else None
         calls.append(replace(call, id=got) if isinstance(got, str) and _MISTRAL_ID.fullmatch(got) else call)
     return _capped(calls, len(items) - len(calls), limit)
 

@@ -366,8 +366,8 @@ class ToolEnv(SearchEnv):
         from searchrl.envs.call_formats import write
 
         call = write(self.call_format, "search", {"query": query})
-        if self.call_format in ("llama3_json", "mistral"):  # the whole turn is the call (Mistral's templates
-            # refuse a turn with both text and calls)
+        # the whole turn is the call (Mistral's templates refuse a turn with both text and calls)
+        if self.call_format in ("llama3_json", "mistral"):
             return f"{call}{self.format.call_end}"
         return f"{self._think(think)}{call}{self.format.call_end}"
 

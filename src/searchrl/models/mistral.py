@@ -64,10 +64,9 @@ def mistral_tokenizer(out: str | Path | None = None, name: str = "mistral-tekken
     vocab = vocabulary_file(name)
     with tempfile.TemporaryDirectory() as tmp:  # the converter reads a file named tekken.json
         raw = json.loads(vocab.read_text())
-        if (
-            "special_tokens" not in raw
-        ):  # an early tekken file: its control tokens are mistral-common's defaults,
-            # written into the copy (transformers reads them from mistral-common only at 1.11.5 or later)
+        # an early tekken file names no control tokens: mistral-common's defaults are written into the copy
+        # (transformers reads them from mistral-common only at 1.11.5 or later)
+        if "special_tokens" not in raw:
             raw["special_tokens"] = _default_specials()
         (Path(tmp) / "tekken.json").write_text(json.dumps(raw))
         converted = MistralConverter(str(Path(tmp) / "tekken.json")).converted()
