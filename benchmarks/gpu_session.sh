@@ -23,7 +23,10 @@
 #   decode S...    issue 53: rollout_overhead.py at shape S, batch 64 and 256, the per-episode loop eager and
 #                  through CUDA graphs (rollout.compile) against transformers' generate; summary merged into
 #                  $RES/decode-gpu.json
-#   step-compiled  step_time.py: ours with rollout.compile + prefix_sharing, ours eager, TRL (0.5B shape)
+#   step-compiled  step_time.py: ours with rollout.compile + prefix_sharing, ours eager, TRL (0.5B shape), with
+#                  each step's breakdown (collection, training, decode graphs captured)
+#   prefix S...    issue 67: prefix_training.py's instruct shapes (1,024- and 2,048-token prompts, groups of 8)
+#                  at shape S, all layers, bf16: padded, packed and shared-prefix training passes
 #
 # Issue 53's whole GPU part, as one command (within 10 minutes on one GPU):
 #   bash benchmarks/gpu_session.sh --budget 560 env models qwen2.5-0.5b qwen2.5-1.5b graph-tests \
@@ -153,6 +156,11 @@ print('GPU libraries imported:', sorted({m.split('.')[0] for m in sys.modules} &
     step-compiled)
       run 200 step-compiled $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda \
         --dtype bfloat16 --steps 6 --order compiled episode trl --out "$RES" --tag "$GPU-step_time-compiled-qwen2.5-0.5b" ;;
+    prefix)
+      for s in "${sizes[@]}"; do
+        run 200 "prefix $s" $PY benchmarks/prefix_training.py --shapes instruct-1024 instruct-2048 --size "$s" \
+          --layers 0 --device cuda --dtype bfloat16 --repeats 3 --out "$RES/$GPU-prefix_training-$s.json"
+      done ;;
     *) echo "unknown step $step" | tee -a "$LOG" ;;
   esac
 done

@@ -44,29 +44,39 @@ SHAPES = {
 MODES = ("padded", "packed", "shared")
 
 
-def model_of(kind: str, tiny_dir: str, layers: int):
+def model_of(
+    kind: str,
+    tiny_dir: str,
+    layers: int,
+    size: str = "qwen2.5-0.5b",
+    dtype: str = "float32",
+    device: str = "cpu",
+):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from searchrl.models.lean_head import add_lean_head
+    from searchrl.models.tiny import SIZES
 
     torch.manual_seed(0)
     if kind == "tiny":
-        m = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    else:  # Qwen2.5-0.5B's shape (its config.json), fewer layers
+        m = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=getattr(torch, dtype))
+    else:  # a Qwen2.5 shape (``size``: its config.json's widths, heads and vocabulary), ``layers`` of its layers
+        spec = SIZES[size]
         cfg = Qwen2Config(
-            vocab_size=151936,
-            hidden_size=896,
-            intermediate_size=4864,
-            num_hidden_layers=layers,
-            num_attention_heads=14,
-            num_key_value_heads=2,
-            max_position_embeddings=32768,
-            tie_word_embeddings=True,
+            vocab_size=spec.vocab_size,
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=layers or spec.num_hidden_layers,
+            num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_key_value_heads,
+            max_position_embeddings=spec.max_position_embeddings,
+            tie_word_embeddings=spec.tie_word_embeddings,
             attn_implementation="sdpa",
         )
-        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return add_lean_head(m)
+        with torch.device(device):  # drawn where it runs (a 1.5B model's initialisation is slow on a CPU)
+            m = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    return add_lean_head(m.to(device))
 
 
 def rows_of(shape: str, vocab: int, seed: int):
@@ -87,10 +97,11 @@ def rows_of(shape: str, vocab: int, seed: int):
     return rows
 
 
-def one(shape: str, mode: str, tiny_dir: str, layers: int, repeats: int, seed: int) -> dict:
+def one(shape: str, mode: str, a: argparse.Namespace) -> dict:
     import torch
 
-    model = model_of(SHAPES[shape][0], tiny_dir, layers)
+    tiny_dir, layers, repeats, seed = a.model, a.layers, a.repeats, a.seed
+    model = model_of(SHAPES[shape][0], tiny_dir, layers, a.size, a.dtype, a.device)
     rows = sorted(
         rows_of(shape, model.config.vocab_size, seed), key=lambda r: r[0]
     )  # the trainer's token order
@@ -103,12 +114,15 @@ def one(shape: str, mode: str, tiny_dir: str, layers: int, repeats: int, seed: i
         attn, mask = torch.zeros_like(ids), torch.zeros(len(chunk), T)
         for b, (r, first) in enumerate(chunk):
             ids[b, : len(r)], attn[b, : len(r)], mask[b, first : len(r)] = torch.tensor(r), 1, 1
-        batches.append((ids, attn, mask))
+        batches.append((ids.to(a.device), attn.to(a.device), mask.to(a.device)))
     from shared_prefix import timed_passes  # benchmarks/shared_prefix.py, beside this script
 
     times, run_tokens = timed_passes(model, batches, mode, repeats)
     real = sum(len(r) for r, _ in rows)
     best = min(times[1:])
+    gpu = {}
+    if a.device == "cuda":
+        gpu = {"peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
     return {
         "shape": shape,
         "mode": mode,
@@ -118,27 +132,36 @@ def one(shape: str, mode: str, tiny_dir: str, layers: int, repeats: int, seed: i
         "s_per_batch": round(best, 3),
         "tokens_per_s": round(real / best, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        **gpu,
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="the tag quickstart's model directory (the tiny shapes)")
-    p.add_argument("--layers", type=int, default=2, help="layers of the Qwen2.5-0.5B-shaped model")
+    p.add_argument("--model", default="", help="the tag quickstart's model directory (the tiny shapes)")
+    p.add_argument(
+        "--layers", type=int, default=2, help="layers of the Qwen2.5-shaped model (0: all of the size's)"
+    )
+    p.add_argument("--size", default="qwen2.5-0.5b", help="the instruct shapes' model: qwen2.5-0.5b or -1.5b")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda")
+    p.add_argument("--dtype", default="float32", help="the models' dtype (bfloat16 on a GPU)")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "prefix_training.json"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if not a.child and not a.model and any(SHAPES[s][0] == "tiny" for s in a.shapes):
+        p.error("--model: the tiny shapes (quickstart, tools) need the tag quickstart's model directory")
     if a.child:
         spec = json.loads(a.child)
-        print(json.dumps(one(spec["shape"], spec["mode"], a.model, a.layers, a.repeats, a.seed)))
+        print(json.dumps(one(spec["shape"], spec["mode"], a)))
         return
     results = []
     for shape in a.shapes:
         for mode in MODES:
-            cmd = [sys.executable, __file__, "--model", a.model, "--layers", str(a.layers)]
+            cmd = [sys.executable, __file__, "--model", a.model, "--layers", str(a.layers), "--size", a.size]
+            cmd += ["--device", a.device, "--dtype", a.dtype]
             cmd += ["--repeats", str(a.repeats), "--seed", str(a.seed)]
             cmd += ["--child", json.dumps({"shape": shape, "mode": mode})]
             out = (
@@ -164,7 +187,10 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
         "model": a.model,
+        "qwen_shape": a.size,
         "qwen_shape_layers": a.layers,
+        "device": __import__("torch").cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+        "dtype": a.dtype,
         "shapes": {
             k: dict(zip(("model", "questions", "group", "system", "prompt", "own", "micro"), v))
             for k, v in SHAPES.items()

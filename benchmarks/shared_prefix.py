@@ -102,11 +102,13 @@ def timed_passes(model, batches: list, mode: str, repeats: int) -> tuple[list[fl
             else:
                 p = pack_shared(ids, attn, mask) if mode == "shared" else None
                 p = p or pack(ids, attn, mask)
-                a = None if p.attention is None else attention_for(p.attention, kind, torch.float32)
+                a = None if p.attention is None else attention_for(p.attention, kind, model.dtype)
                 lp, _, _ = forward_lean(model, p.input_ids, a, p.loss_mask, 1.0, position_ids=p.position_ids)
                 m, run_tokens = p.loss_mask, run_tokens + p.input_ids.numel()
             masked_sum(lp, m).backward()
             model.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # a GPU runs asynchronously: wait before reading the clock
         times.append(time.perf_counter() - t0)
     return times, run_tokens
 

@@ -37,12 +37,24 @@ REPO = Path(__file__).resolve().parents[1]
 # --order's names: the results' keys (compiled: the per-episode loop through the captured decode step, with
 # prefix sharing: rollout.compile and rollout.prefix_sharing)
 RUNS = {"episode": "ours", "turn": "ours (turn loop)", "trl": "trl", "compiled": "ours (compiled)"}
+BREAKDOWN: dict[str, list[dict]] = {}  # run name -> each step's breakdown (ours only)
+RUN = [""]  # the run in progress
 
 
 def sync() -> None:
     """A GPU runs asynchronously: wait for it before reading the clock."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _alloc_stats() -> dict[str, int]:
+    if not torch.cuda.is_available():
+        return {}
+    st = torch.cuda.memory_stats()
+    return {
+        "cuda_mallocs": st.get("segment.all.allocated", 0),
+        "alloc_retries": st.get("num_alloc_retries", 0),
+    }
 
 
 def ours(
@@ -66,14 +78,36 @@ def ours(
         resources=resources,
         seed=0,
     )
-    assert tr.ctx.generator is not None
-    tr.ctx.generator.continuous = loop == "episode"
+    gen = tr.ctx.generator
+    assert gen is not None
+    gen.continuous = loop == "episode"
     times = []
     for s in range(steps):
+        graphs = getattr(gen, "_graphs", None)
+        n0, c0 = (graphs.captures, graphs.capture_s) if graphs is not None else (0, 0.0)
+        mem0 = _alloc_stats()
         t = time.perf_counter()
-        tr.step(s)
+        m = tr.step(s)
         sync()
         times.append(time.perf_counter() - t)
+        # where the step's time went: collection (rollout, rewards) against the training passes, the tokens
+        # generated and trained, and decode graphs captured during the step (rollout.compile)
+        BREAKDOWN.setdefault(RUN[0], []).append(
+            {
+                "step_s": round(times[-1], 3),
+                "collect_s": round(m.get("time/collect_s", float("nan")), 3),
+                "train_s": round(times[-1] - m.get("time/collect_s", 0.0), 3),
+                "action_tokens": int(m.get("train/action_tokens", 0)),
+                "sequences": int(m.get("train/sequences", 0)),
+                "graphs_captured": (graphs.captures - n0) if graphs is not None else 0,
+                "capture_s": round(graphs.capture_s - c0, 3) if graphs is not None else 0.0,
+                "gpu_reserved_gb": round(torch.cuda.memory_reserved() / 2**30, 2)
+                if torch.cuda.is_available()
+                else 0.0,
+                # the caching allocator's calls to cudaMalloc (segments) and its free-and-retry passes
+                **{k: v - mem0[k] for k, v in _alloc_stats().items()},
+            }
+        )
     return times
 
 
@@ -180,12 +214,22 @@ def main() -> None:
         help="which trainers run, in this order (the first pays for warming the device up: on a GPU, "
         "kernel plans for shapes not seen yet)",
     )
+    p.add_argument(
+        "--reserve-gb",
+        type=float,
+        default=0.0,
+        help="allocate and free this many GiB on the GPU first, so that the caching allocator holds them",
+    )
     a = p.parse_args()
+    if a.reserve_gb and a.device == "cuda":  # the cache keeps the block: later tensors are cut from it
+        del_me = torch.empty(int(a.reserve_gb * 2**30), dtype=torch.uint8, device="cuda")
+        del del_me
     exp = load_experiment(a.config, [f"model.dtype={a.dtype}"])
     resources = Resources(exp)
     res = {}
     for name in a.order:
         torch.manual_seed(0)
+        RUN[0] = RUNS[name]
         if name == "trl":
             res[RUNS[name]] = trl(exp, resources, a.model, a.steps, a.questions, a.micro, a.device)
         elif name == "compiled":
@@ -202,6 +246,8 @@ def main() -> None:
     print("| trainer | seconds per step (mean after warm-up) | all steps |\n|---|---|---|")
     for k, v in res.items():
         print(f"| {k} | {summary[k]:.2f} | {', '.join(f'{x:.2f}' for x in v)} |")
+    for k, rows in BREAKDOWN.items():
+        print(f"{k}, per step: " + "; ".join(json.dumps(r) for r in rows))
     ratio = summary["ours"] / summary["trl"] if {"ours", "trl"} <= set(summary) else None
     if ratio is not None:
         print(f"ours / TRL = {ratio:.2f} (target <= 0.5)")
@@ -215,6 +261,7 @@ def main() -> None:
         json.dumps(
             {
                 "steps": res,
+                "breakdown": BREAKDOWN,
                 "mean": summary,
                 "ours_vs_trl": ratio,
                 "compiled_vs_trl": compiled,
@@ -226,6 +273,7 @@ def main() -> None:
                 "questions": a.questions,
                 "group_size": exp.algorithm.args["group_size"],
                 "micro_batch": a.micro,
+                "reserve_gb": a.reserve_gb,
             },
             indent=1,
         )
