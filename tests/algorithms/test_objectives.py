@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from searchrl.algorithms import ADVANTAGES, POLICY_LOSSES
 from searchrl.algorithms.advantage_estimators import (
-    TURN_LEVEL,
     AdvantageInput,
     global_whiten,
     reinforce_pp,
@@ -20,6 +19,7 @@ from searchrl.algorithms.advantage_estimators import (
     rloo_outcome,
 )
 from searchrl.algorithms.grpo import GRPOConfig
+from searchrl.algorithms.objective import estimator_of
 from searchrl.algorithms.policy_losses import cispo, clip, gmpo, gspo, gspo_token
 
 # compares two computation paths of the same numbers: .ci/run runs these again under a second floating-point
@@ -146,7 +146,7 @@ def test_estimators_are_zero_off_the_mask_and_registered():
     x = AdvantageInput(rewards, torch.arange(8) // 4, mask, 0.01 * torch.rand_like(mask), CFG)
     for name in ADVANTAGES.names():
         if (
-            name in TURN_LEVEL
+            estimator_of(name).level == "turn"
         ):  # they read a batch's steps: a scripted batch (tests/algorithms/test_turn_credit.py)
             from tests.algorithms.test_turn_credit import scripted, with_beliefs
 

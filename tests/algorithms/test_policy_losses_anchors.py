@@ -29,7 +29,9 @@ pytestmark = pytest.mark.numerics
 
 
 def cfg(**kw):
-    base = dict(clip_low=0.2, clip_high=0.28, dual_clip=None, sapo_tau_pos=1.0, sapo_tau_neg=1.05)
+    base = dict(
+        clip_low=0.2, clip_high=0.28, dual_clip=None, policy_loss_args={"tau_pos": 1.0, "tau_neg": 1.05}
+    )
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -190,7 +192,7 @@ def test_sapo_equals_trl_and_verl_on_random_inputs():
         mask, old, logp0, _ = rand_inputs(seed)
         adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(100 + seed)) * mask
         for taus in ((1.0, 1.05), (0.5, 2.0)):
-            c = cfg(sapo_tau_pos=taus[0], sapo_tau_neg=taus[1])
+            c = cfg(policy_loss_args={"tau_pos": taus[0], "tau_neg": taus[1]})
             v, g = value_and_grad(lambda lp: ours(sapo, lp, old, adv, mask, c), logp0)
             tv, tg = value_and_grad(lambda lp: trl_sapo(lp, old, adv, mask, *taus), logp0)
             vv, vg = value_and_grad(lambda lp: verl_sapo(old, lp, adv, mask, *taus), logp0)
@@ -255,8 +257,17 @@ def test_dual_clip_is_refused_where_it_does_nothing(loss):
 
 
 def test_sapo_temperatures_must_be_positive():
-    with pytest.raises(ValueError, match="sapo_tau"):
-        GRPOConfig(policy_loss="sapo", loss_agg="seq-mean-token-mean", sapo_tau_neg=0.0)
+    """SAPO's temperatures are its declared arguments (policy_loss_args), checked against their ranges."""
+    with pytest.raises(
+        ValueError, match="policy_loss_args.tau_neg of policy_loss 'sapo' must be greater than 0"
+    ):
+        GRPOConfig(policy_loss="sapo", loss_agg="seq-mean-token-mean", policy_loss_args={"tau_neg": 0.0})
+    with pytest.raises(ValueError, match=r"takes no such argument \(its arguments: tau_pos, tau_neg\)"):
+        GRPOConfig(policy_loss="sapo", loss_agg="seq-mean-token-mean", policy_loss_args={"tau": 1.0})
+    with pytest.raises(ValueError, match="its arguments: none"):
+        GRPOConfig(policy_loss="clip", policy_loss_args={"tau_pos": 1.0})
+    c = GRPOConfig(policy_loss="sapo", loss_agg="seq-mean-token-mean", policy_loss_args={"tau_neg": 2})
+    assert c.policy_loss_args == {"tau_pos": 1.0, "tau_neg": 2.0}  # the declared default fills the rest
 
 
 # ------------------------------------------------------------------------------------------- DAPO

@@ -22,24 +22,18 @@ ALGORITHMS.add_lazy("arpo", "searchrl.algorithms.arpo:ARPO")
 ALGORITHMS.add_lazy("dpo", "searchrl.algorithms.dpo:DPO")
 ALGORITHMS.add_lazy("prm", "searchrl.algorithms.prm:PRM")
 
-# The pieces an algorithm's config selects (``advantage:``, ``policy_loss:``); a dotted path
-# ``package.module:function`` names a user's own with the same signature.
-ADVANTAGES: Registry[Any] = Registry("advantage estimator")
-for _name in (
-    "grpo",
-    "rloo",
-    "reinforce",
-    "reinforce_batch",
-    "reinforce_baseline",
-    "reinforce_pp",
-    "reinforce_pp_baseline",
-):
-    ADVANTAGES.add_lazy(_name, f"searchrl.algorithms.advantage_estimators:{_name}")
-ADVANTAGES.add_lazy("gigpo", "searchrl.algorithms.gigpo:gigpo")
-ADVANTAGES.add_lazy("igpo", "searchrl.algorithms.igpo:igpo")
-POLICY_LOSSES: Registry[Any] = Registry("policy loss")
-for _name in ("clip", "gspo", "gspo_token", "cispo", "gmpo", "sapo"):
-    POLICY_LOSSES.add_lazy(_name, f"searchrl.algorithms.policy_losses:{_name}")
+# The pieces an algorithm's config selects (``advantage:``, ``policy_loss:``), each registered where it is defined
+# with its declaration (`algorithms.objective.advantage_estimator`, `policy_loss`; the losses' module loads without
+# torch); a dotted path ``package.module:function`` names a user's own with the same signature.
+ADVANTAGES: Registry[Any] = Registry(
+    "advantage estimator",
+    sources=(
+        "searchrl.algorithms.advantage_estimators",
+        "searchrl.algorithms.gigpo",
+        "searchrl.algorithms.igpo",
+    ),
+)
+POLICY_LOSSES: Registry[Any] = Registry("policy loss", sources=("searchrl.algorithms.policy_losses",))
 
 
 def algorithm_config(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from searchrl.algorithms.advantage_math import broadcast_to_tokens, gae, grpo_outcome, token_rewards
+from searchrl.algorithms.objective import advantage_estimator
 
 if TYPE_CHECKING:
     from searchrl.core.types import RolloutBatch
@@ -89,12 +90,6 @@ def reward_to_go(token_reward: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return gae(token_reward, torch.zeros_like(token_reward), mask, gamma=1.0, lam=1.0)[0]
 
 
-# the estimators whose advantage is one number per episode, broadcast to its tokens: those `per_episode` takes
-SEQUENCE_LEVEL = ("grpo", "rloo", "reinforce", "reinforce_batch", "reinforce_baseline")
-# the estimators that give each step of an episode its own advantage from the batch's steps (GRPO only)
-TURN_LEVEL = ("gigpo", "igpo")
-
-
 def per_episode(
     estimator: Callable[[AdvantageInput], torch.Tensor], x: AdvantageInput, episode_ids: torch.Tensor
 ) -> torch.Tensor:
@@ -132,22 +127,26 @@ def per_episode(
 # ------------------------------------------------------------------------------ the registered estimators
 
 
+@advantage_estimator("grpo", level="sequence")
 def grpo(x: AdvantageInput) -> torch.Tensor:
     """GRPO (ReSearch eq. 1): (r_i − mean_G r) / (std_G r + ε); Dr. GRPO with ``std_normalize: false``."""
     adv = grpo_outcome(x.penalised(), x.group_ids, x.cfg.std_normalize, x.cfg.eps)
     return broadcast_to_tokens(adv, x.loss_mask)
 
 
+@advantage_estimator("rloo", level="sequence")
 def rloo(x: AdvantageInput) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024, eq. 3): the leave-one-out baseline, no scaling."""
     return broadcast_to_tokens(rloo_outcome(x.penalised(), x.group_ids), x.loss_mask)
 
 
+@advantage_estimator("reinforce_baseline", level="sequence")
 def reinforce_baseline(x: AdvantageInput) -> torch.Tensor:
     """REINFORCE (Williams 1992) with the group-mean baseline: r_i − mean_G r, no scaling."""
     return broadcast_to_tokens(group_mean_baseline(x.penalised(), x.group_ids), x.loss_mask)
 
 
+@advantage_estimator("reinforce", level="sequence", group=False)
 def reinforce(x: AdvantageInput) -> torch.Tensor:
     """REINFORCE (Williams 1992, eq. 11) without a baseline: every action token of episode i gets A = r_i.
     With one optimizer update per rollout batch (``trainer.epochs: 1``, ``mini_batches: 1``) the ratio is 1 at
@@ -156,6 +155,7 @@ def reinforce(x: AdvantageInput) -> torch.Tensor:
     return broadcast_to_tokens(x.penalised(), x.loss_mask)
 
 
+@advantage_estimator("reinforce_batch", level="sequence", group=False)
 def reinforce_batch(x: AdvantageInput) -> torch.Tensor:
     """REINFORCE with the batch-mean baseline: A_i = r_i − mean_batch r, the mean over every process's
     episodes, the trainer's padding rows left out (as verl's batch mean over real rows; no group structure,
@@ -168,6 +168,7 @@ def reinforce_batch(x: AdvantageInput) -> torch.Tensor:
     return broadcast_to_tokens(((r - mean) * real).float(), x.loss_mask)
 
 
+@advantage_estimator("reinforce_pp", level="token", group=False)
 def reinforce_pp(x: AdvantageInput) -> torch.Tensor:
     """REINFORCE++ (Hu et al. 2025, §3): token rewards r_t = 1[t = last]·r − β·KL_t, their reward-to-go
     G_t = Σ_{t'≥t} r_{t'} (γ = 1), whitened over every action token of the global batch (eq. 10)."""
@@ -178,6 +179,7 @@ def reinforce_pp(x: AdvantageInput) -> torch.Tensor:
     return global_whiten(reward_to_go(tok, x.loss_mask), x.loss_mask, x.sum_all)
 
 
+@advantage_estimator("reinforce_pp_baseline", level="token")
 def reinforce_pp_baseline(x: AdvantageInput) -> torch.Tensor:
     """REINFORCE++-baseline (Hu et al. 2025, §3.2): r_i − mean_G r, broadcast to the action tokens and
     whitened over the global batch's action tokens (verl's ``reinforce_plus_plus_baseline``)."""

@@ -42,6 +42,7 @@ import torch
 from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.grpo import GRPO, GRPOConfig
 from searchrl.core.aggregate import Mean, Sum
+from searchrl.core.config import AT_LEAST_0, AT_LEAST_1, ZERO_TO_ONE, setting
 from searchrl.core.types import RolloutBatch, Trajectory
 
 if TYPE_CHECKING:
@@ -50,26 +51,28 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ARPOConfig(GRPOConfig):
-    group_size: int = 8  # M, the global rollout budget per question (the paper's 7B reasoning runs: 16)
-    initial_rollouts: int = 4  # N, chains sampled whole (the paper's 7B reasoning runs: 8)
-    beam_size: int = 2  # Z: a branching point spawns up to Z − 1 branches (the released scripts: 2)
-    branch_probability: float = 0.5  # τ (the released scripts: 0.5)
-    entropy_weight: float = 0.2  # β (the released scripts: 0.2)
-    entropy_tokens: int = 20  # k, tokens after a tool response whose entropy is read (the released code: 20)
-    attribution: Literal["soft", "hard"] = "soft"  # §3.3: soft (the paper's default) or hard
+    group_size: int = setting(
+        8, "M, the global rollout budget per question (the paper's 7B reasoning runs: 16)", AT_LEAST_1
+    )
+    initial_rollouts: int = setting(
+        4, "N, chains sampled whole (the paper's 7B reasoning runs: 8)", AT_LEAST_1
+    )
+    beam_size: int = setting(
+        2, "Z: a branching point spawns up to Z − 1 branches (the released scripts: 2)", AT_LEAST_1
+    )
+    branch_probability: float = setting(0.5, "τ (the released scripts: 0.5)", ZERO_TO_ONE)
+    entropy_weight: float = setting(0.2, "β (the released scripts: 0.2)", AT_LEAST_0)
+    entropy_tokens: int = setting(
+        20, "k, tokens after a tool response whose entropy is read (the released code: 20)", AT_LEAST_1
+    )
+    attribution: Literal["soft", "hard"] = setting("soft", "§3.3: soft (the paper's default) or hard")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 1 <= self.initial_rollouts <= self.group_size:
+        if self.initial_rollouts > self.group_size:
             raise ValueError(
-                f"arpo: initial_rollouts must be between 1 and group_size ({self.group_size}), got {self.initial_rollouts}"
+                f"arpo: initial_rollouts must be at most group_size ({self.group_size}), got {self.initial_rollouts}"
             )
-        if self.beam_size < 1 or self.entropy_tokens < 1:
-            raise ValueError(
-                f"arpo: beam_size and entropy_tokens must be at least 1, got {self.beam_size}, {self.entropy_tokens}"
-            )
-        if not 0.0 <= self.branch_probability <= 1.0:
-            raise ValueError(f"arpo: branch_probability must be in [0, 1], got {self.branch_probability}")
         if self.dynamic_sampling.enabled:
             raise ValueError("arpo builds its own groups: dynamic_sampling does not apply to it")
         if self.attribution == "hard" and self.advantage != "grpo":

@@ -50,9 +50,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+from searchrl.core.config import AT_LEAST_1, setting
+
+if TYPE_CHECKING:  # imported where it runs: the section (`RolloutCorrection`) loads without torch
+    import torch
 
 Mode = Literal["none", "token_tis", "seq_tis", "token_mask", "seq_mask", "geo_mask"]
 MODES: tuple[str, ...] = ("none", "token_tis", "seq_tis", "token_mask", "seq_mask", "geo_mask")
@@ -65,15 +68,25 @@ _LOG_CAP = 20.0  # log-ratios held to ±20 before an exp, as the clipped loss do
 class RolloutCorrection:
     """``algorithm.rollout_correction`` of the online algorithms (GRPO, PPO, StePPO, SLATE)."""
 
-    mode: Mode = "none"  # none: the papers' objective (π_old recomputed, no weight); the metrics still log
-    clip: float = 2.0  # C of the truncated IS modes (verl's rollout_is_threshold 2, SkyRL's TIS clip 2)
-    high: float | None = None  # upper bound of the mask modes; None: 2 (token/seq), 1.01 (geo)
-    low: float | None = None  # lower bound of the mask modes; None: 1 / high
-    # the KL term to the reference and its logged estimate weighted by w too (module docstring); false: the
-    # policy loss only (verl's token_tis / seq_tis)
-    weight_kl: bool = True
-    # rejected tokens of the mask modes: keep (in the loss normaliser, w = 0) or drop (out of it, verl's)
-    rejected: Literal["keep", "drop"] = "keep"
+    mode: Mode = setting(
+        "none",
+        "none: the papers' objective (π_old recomputed, no weight; the metrics still log); token_tis, "
+        "seq_tis: truncated importance weights; token_mask, seq_mask, geo_mask: rejection masks",
+    )
+    clip: float = setting(
+        2.0, "C of the truncated IS modes (verl's rollout_is_threshold 2, SkyRL's TIS clip 2)", AT_LEAST_1
+    )
+    high: float | None = setting(None, "upper bound of the mask modes; null: 2 (token, seq), 1.01 (geo)")
+    low: float | None = setting(None, "lower bound of the mask modes; null: 1 / high")
+    weight_kl: bool = setting(
+        True,
+        "the KL term to the reference and its logged estimate weighted by w too; false: the policy loss only "
+        "(verl's token_tis / seq_tis)",
+    )
+    rejected: Literal["keep", "drop"] = setting(
+        "keep",
+        "rejected tokens of the mask modes: keep (in the loss normaliser, w = 0) or drop (out of it, verl's)",
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -113,6 +126,8 @@ def correction_weights(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weights w (B, T), 0 outside ``mask`` (the action tokens), and per-sequence diagnostics {name: (B,)}:
     action tokens, Σ k3 KL, Σ log ρ, tokens truncated or rejected, whether any was, Σ w and Σ w²."""
+    import torch
+
     mask = mask.to(old_logp.dtype)
     log_rho = ((old_logp - behaviour_logp) * mask).detach()
     tokens = mask.sum(-1)

@@ -26,6 +26,7 @@ from typing import Literal
 
 from searchrl.core.aggregate import Mean, Sum, merge
 from searchrl.core.answers import exact_match
+from searchrl.core.config import AT_LEAST_1, check_ranges, setting
 from searchrl.core.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -33,17 +34,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DynamicSampling:
-    enabled: bool = False
-    max_attempts: int = 4  # rounds of generation per step, the first included
-    # which groups are informative: reward (their total rewards differ; verl's) or correct (some but not all
-    # answers are exact matches; DAPO's eq. 11)
-    criterion: Literal["reward", "correct"] = "reward"
+    enabled: bool = setting(
+        False, "resample questions whose groups carry no signal (DAPO's dynamic sampling)"
+    )
+    max_attempts: int = setting(4, "rounds of generation per step, the first included", AT_LEAST_1)
+    criterion: Literal["reward", "correct"] = setting(
+        "reward",
+        "which groups are informative: reward (their total rewards differ; verl's) or correct (some but not all "
+        "answers are exact matches; DAPO's eq. 11)",
+    )
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(
-                f"max_attempts must be at least 1 (rounds of generation per step), got {self.max_attempts}"
-            )
+        check_ranges(self)
         if self.criterion not in ("reward", "correct"):
             raise ValueError(f"criterion must be 'reward' or 'correct', got {self.criterion!r}")
 

@@ -21,18 +21,29 @@ import torch.nn.functional as F
 
 from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
+from searchrl.core.config import AT_LEAST_0, POSITIVE, Range, check_ranges, setting
 from searchrl.core.types import RolloutBatch
 
 if TYPE_CHECKING:
     from searchrl.core.config import EnvConfig
 
 
+HALF_OPEN_HALF: Range = (lambda v: 0 <= v < 0.5, "in [0, 0.5) (at 0.5 the loss ignores the preference)")
+
+
 @dataclass(frozen=True)
 class DPOConfig:
-    beta: float = 0.1
-    label_smoothing: float = 0.0  # conservative DPO (0: the plain sigmoid loss)
-    rpo_alpha: float = 0.0  # weight of the chosen action's per-token NLL (0: plain DPO)
-    loss_agg: Literal["seq-mean-token-sum"] = "seq-mean-token-sum"  # the pair loss is placed per row
+    beta: float = setting(0.1, "β of the implicit reward β·log(π/π_ref) (RAG-Gym, Rafailov et al.)", POSITIVE)
+    label_smoothing: float = setting(
+        0.0, "conservative DPO's label noise (0: the plain sigmoid loss)", HALF_OPEN_HALF
+    )
+    rpo_alpha: float = setting(
+        0.0, "weight of the chosen action's per-token NLL (0: plain DPO; RPO)", AT_LEAST_0
+    )
+    loss_agg: Literal["seq-mean-token-sum"] = setting("seq-mean-token-sum", "the pair loss is placed per row")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def dpo_loss(

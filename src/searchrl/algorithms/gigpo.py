@@ -33,7 +33,9 @@ from searchrl.algorithms.advantage_math import (
     grpo_outcome,
     steps_to_tokens,
 )
+from searchrl.algorithms.objective import advantage_estimator
 from searchrl.core.aggregate import Max, Mean, Sum
+from searchrl.core.config import AT_LEAST_0, ZERO_TO_ONE, check_ranges, setting
 
 if TYPE_CHECKING:
     from searchrl.algorithms.advantage_estimators import AdvantageInput
@@ -44,16 +46,18 @@ if TYPE_CHECKING:
 class GiGPOSettings:
     """``algorithm.gigpo``: GiGPO's own settings (defaults: verl-agent's released scripts)."""
 
-    step_weight: float = 1.0  # ω of eq. 8 (verl-agent's algorithm.gigpo.step_advantage_w)
-    gamma: float = 0.95  # γ of the discounted step return, eq. 5 (verl-agent's algorithm.gamma)
-    # F_norm of eqs. 3 and 7: mean (1, verl-agent's mean_norm) or mean_std (the group's std)
-    normalize: Literal["mean", "mean_std"] = "mean"
+    step_weight: float = setting(
+        1.0, "ω of eq. 8 (verl-agent's algorithm.gigpo.step_advantage_w)", AT_LEAST_0
+    )
+    gamma: float = setting(
+        0.95, "γ of the discounted step return, eq. 5 (verl-agent's algorithm.gamma)", ZERO_TO_ONE
+    )
+    normalize: Literal["mean", "mean_std"] = setting(
+        "mean", "F_norm of eqs. 3 and 7: mean (1, verl-agent's mean_norm) or mean_std (the group's std)"
+    )
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gigpo.gamma must be in [0, 1], got {self.gamma}")
-        if self.step_weight < 0:
-            raise ValueError(f"gigpo.step_weight must be at least 0, got {self.step_weight}")
+        check_ranges(self)
         if self.normalize not in ("mean", "mean_std"):
             raise ValueError(f"gigpo.normalize must be 'mean' or 'mean_std', got {self.normalize!r}")
 
@@ -107,6 +111,7 @@ def step_returns(batch: RolloutBatch, outcome: torch.Tensor, gamma: float) -> li
     return out
 
 
+@advantage_estimator("gigpo", level="turn")
 def gigpo(x: AdvantageInput) -> torch.Tensor:
     """GiGPO (arXiv 2505.10978, eq. 8): A^E_i + ω · A^S_{i,k} on step k's action tokens (module docstring)."""
     batch = x.steps("gigpo")

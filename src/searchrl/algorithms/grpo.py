@@ -9,20 +9,21 @@ in the loss. Defaults are ReSearch's Table 4 (clip 0.2, KL 0.001, 5 rollouts: ``
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from searchrl.algorithms import ADVANTAGES
 from searchrl.algorithms.advantage_estimators import AdvantageInput, per_episode
-from searchrl.algorithms.base import Algorithm, Probe, Requirements, check_group_size
-from searchrl.algorithms.correction import RolloutCorrection
+from searchrl.algorithms.base import Algorithm, Probe, Requirements
 from searchrl.algorithms.dapo import DynamicSampling, dynamic_collect, mask_truncated
 from searchrl.algorithms.gigpo import GiGPOSettings
 from searchrl.algorithms.igpo import IGPOSettings, answer_probes
-from searchrl.algorithms.loss_terms import check_clip, check_stabilisers
-from searchrl.algorithms.policy_losses import batch_policy_loss, check_policy_loss
+from searchrl.algorithms.objective import PolicyObjective, declared
+from searchrl.algorithms.policy_losses import batch_policy_loss
 from searchrl.core.aggregate import Mean, Sum
+from searchrl.core.config import AT_LEAST_1, POSITIVE, setting
 from searchrl.core.types import RolloutBatch, Trajectory
 from searchrl.envs.context import unfold
 
@@ -31,67 +32,54 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class GroupPolicyConfig:
-    """The clipped-ratio objective with group-normalised advantages (GRPO and SLATE share it)."""
+class GroupPolicyConfig(PolicyObjective):
+    """The clipped-ratio objective (`algorithms.objective`) with group-normalised advantages (GRPO, SLATE,
+    Tree-GRPO, ARPO)."""
 
-    clip_low: float = 0.2  # ε of eq. 1 (ReSearch Table 4); clip_high > clip_low gives DAPO's clip-higher
-    clip_high: float = 0.2
-    dual_clip: float | None = (
-        None  # c > 1: negative-advantage losses capped at −c·A (verl's clip_ratio_c = 3)
+    std_normalize: bool = setting(
+        True, "divide by the group's reward std (eq. 1); false: Dr. GRPO, mean-centred"
     )
-    kl_coef: float = 0.001  # β (ReSearch Table 4); 0 skips the reference model entirely
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_clamp: float | None = (
-        None  # bound each token's KL estimate to ±kl_clamp (verl: 10); None: eq. 1 as written
+    eps: float = setting(1e-6, "added to the std before dividing", POSITIVE)
+    advantage: str = setting(
+        "grpo",
+        "the advantage estimator (`algorithms.advantage_estimators`): grpo (eq. 1), rloo, reinforce (no "
+        "baseline), reinforce_batch (batch-mean baseline), reinforce_baseline (group mean), reinforce_pp "
+        "(REINFORCE++), reinforce_pp_baseline, gigpo and igpo (per-step credit, GRPO only), or a dotted path",
+        registry="advantages",
     )
-    kl_in: Literal["loss", "reward"] = "loss"  # "reward": r_i -= β Σ_t KL_t before group normalisation
-    std_normalize: bool = True  # False: Dr. GRPO (mean-centred only)
-    eps: float = 1e-6
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
-        "token-mean"
-    )
-    # sampler-trainer importance weights or masks (`algorithms.correction`); mode none: the papers' eq. 1
-    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
-    # the advantage estimator (`algorithms.advantage_estimators`): grpo (eq. 1), rloo, reinforce (no baseline),
-    # reinforce_batch (batch-mean baseline), reinforce_baseline (group mean), reinforce_pp (REINFORCE++),
-    # reinforce_pp_baseline, gigpo and igpo (per-step credit, GRPO only), or a dotted path to your own
-    advantage: str = field(default="grpo", metadata={"registry": "advantages"})
-    # the policy loss (`algorithms.policy_losses`): clip (eq. 1), gspo, gspo_token, cispo, gmpo, sapo, or a dotted path
-    policy_loss: str = field(default="clip", metadata={"registry": "policy_losses"})
-    sapo_tau_pos: float = 1.0  # SAPO's gate temperature for positive advantages (TRL's default)
-    sapo_tau_neg: float = 1.05  # … and for the others (TRL's default)
-
-    def __post_init__(self) -> None:
-        check_clip(self.clip_low, self.clip_high)
-        check_stabilisers(self.dual_clip, self.kl_clamp)
-        check_policy_loss(
-            self.policy_loss, self.loss_agg, self.dual_clip, (self.sapo_tau_pos, self.sapo_tau_neg)
-        )
-
-
-# the estimators without a group baseline: they train with groups of one
-NO_GROUP = ("reinforce", "reinforce_batch", "reinforce_pp")
 
 
 @dataclass(frozen=True)
 class GRPOConfig(GroupPolicyConfig):
-    group_size: int = 5  # G, rollouts per question (ReSearch Table 4); TRL's num_generations
-    # DAPO (`algorithms.dapo`): resample questions whose groups' rewards are all equal; and overlong filtering
-    dynamic_sampling: DynamicSampling = field(default_factory=DynamicSampling)
-    mask_truncated: bool = False  # episodes that ran out of room (finish reason "length") carry no loss
-    gigpo: GiGPOSettings = field(default_factory=GiGPOSettings)  # advantage gigpo's (`algorithms.gigpo`)
-    igpo: IGPOSettings = field(default_factory=IGPOSettings)  # advantage igpo's (`algorithms.igpo`)
+    group_size: int = setting(
+        5, "G, rollouts per question (ReSearch Table 4); TRL's num_generations", AT_LEAST_1
+    )
+    dynamic_sampling: DynamicSampling = setting(
+        DynamicSampling,
+        "DAPO (`algorithms.dapo`): resample questions whose groups' rewards are all equal; and overlong filtering",
+    )
+    mask_truncated: bool = setting(
+        False, "episodes that ran out of room (finish reason 'length') carry no loss"
+    )
+    gigpo: GiGPOSettings = setting(GiGPOSettings, "advantage gigpo's settings (`algorithms.gigpo`)")
+    igpo: IGPOSettings = setting(IGPOSettings, "advantage igpo's settings (`algorithms.igpo`)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_group_size(self.group_size)
         # a group baseline (mean, std, leave-one-out) of a group of one is the reward itself: advantage 0
-        if self.group_size < 2 and self.advantage not in NO_GROUP:
+        if self.group_size < 2 and needs_group(self.advantage):
+            alone = ", ".join(n for n in ADVANTAGES.names() if not needs_group(n))
             raise ValueError(
                 f"group_size must be at least 2 for the '{self.advantage}' advantage's group baseline (a group "
                 f"of one has advantage 0, so nothing trains; ReSearch uses 5), got {self.group_size}; "
-                f"advantages {', '.join(NO_GROUP)} need no group"
+                f"advantages {alone} need no group"
             )
+
+
+def needs_group(advantage: str) -> bool:
+    """Whether estimator ``advantage`` declares a group baseline (an unknown name: the registry refuses it)."""
+    decl = declared(advantage)
+    return decl is not None and decl.group
 
 
 class GRPO(Algorithm):

@@ -36,7 +36,9 @@ import torch
 
 from searchrl.algorithms.advantage_math import discounted_by_slot, steps_to_tokens
 from searchrl.algorithms.base import PROBE_KEY
+from searchrl.algorithms.objective import advantage_estimator
 from searchrl.core.aggregate import Mean, Sum
+from searchrl.core.config import ZERO_TO_ONE, check_ranges, setting
 
 if TYPE_CHECKING:
     from searchrl.algorithms.advantage_estimators import AdvantageInput
@@ -48,17 +50,18 @@ if TYPE_CHECKING:
 class IGPOSettings:
     """``algorithm.igpo``: IGPO's own settings (defaults: its released code)."""
 
-    gamma: float = 1.0  # γ of the turn-level discounted accumulation (eq. 6; IGPO's default 1.0)
-    gain: Literal["prob", "logprob"] = (
-        "prob"  # the belief as a probability (IGPO's prob_diff) or mean log-prob
+    gamma: float = setting(
+        1.0, "γ of the turn-level discounted accumulation (eq. 6; IGPO's default 1.0)", ZERO_TO_ONE
     )
-    baseline: Literal["group", "turn"] = (
-        "group"  # IGPO's pooled group normalisation, or per-turn leave-one-out
+    gain: Literal["prob", "logprob"] = setting(
+        "prob", "the belief as a probability (IGPO's prob_diff) or as the answer's mean log-prob"
+    )
+    baseline: Literal["group", "turn"] = setting(
+        "group", "IGPO's pooled group normalisation, or a per-turn leave-one-out baseline"
     )
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"igpo.gamma must be in [0, 1], got {self.gamma}")
+        check_ranges(self)
         if self.gain not in ("prob", "logprob"):
             raise ValueError(f"igpo.gain must be 'prob' or 'logprob', got {self.gain!r}")
         if self.baseline not in ("group", "turn"):
@@ -127,6 +130,7 @@ def turn_rewards(x: AdvantageInput, batch: RolloutBatch, gain: str) -> list[dict
     return out
 
 
+@advantage_estimator("igpo", level="turn")
 def igpo(x: AdvantageInput) -> torch.Tensor:
     """IGPO (arXiv 2510.14967): information-gain turn rewards, group-normalised and discounted (module docstring)."""
     batch = x.steps("igpo")

@@ -17,25 +17,26 @@ exp, as verl does (below e^20 nothing changes); GSPO and GMPO take the raw token
 ``compute_policy_loss_gspo`` / ``geo_mean`` and TRL's sequence-level ratio do, and GSPO caps only the
 exponent of its sequence ratio at 10 (verl's). tests/algorithms/test_policy_losses_anchors.py checks each
 against code written from verl and TRL.
+
+Each loss is declared where it is defined (`algorithms.objective.policy_loss`): its name, what it requires and its
+own arguments (``algorithm.policy_loss_args``). torch is imported inside the functions, so that this module and
+its declarations load without it (`searchrl validate`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from searchrl.algorithms.loss_terms import clipped_policy_loss, clipped_surrogate, log_ratio
+from searchrl.algorithms.objective import LossSetting, arguments, declaration_of, policy_loss
+from searchrl.core.config import POSITIVE
 
 if TYPE_CHECKING:
+    import torch
+
     from searchrl.core.types import RolloutBatch
 
-Metrics = dict[str, torch.Tensor]
-
-SEQUENCE_LEVEL = ("gspo", "gmpo")  # one loss per sequence
-# losses whose objective is the mean over sequences of each one's token mean: need loss_agg seq-mean-token-mean
-SEQUENCE_MEAN = ("gspo", "gspo_token", "gmpo", "sapo")
+Metrics = dict[str, "torch.Tensor"]
+SEQ_MEAN = "seq-mean-token-mean"  # the aggregation of the losses whose papers average per sequence
 SEQ_RATIO_CAP = 10.0  # the cap on GSPO's log sequence ratio (verl's), so exp cannot overflow
 
 
@@ -44,16 +45,21 @@ def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1))[:, None]
 
 
+@policy_loss("clip", dual_clip=True)
 def clip(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Any
 ) -> tuple[torch.Tensor, Metrics]:
     """PPO / GRPO's clipped surrogate (ReSearch eq. 1), with DAPO's clip-higher and the optional dual clip."""
+    from searchrl.algorithms.loss_terms import clipped_policy_loss
+
     return clipped_policy_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
 
 
 def _clipped(
     ratio: torch.Tensor, adv: torch.Tensor, cfg: Any, lr: torch.Tensor
 ) -> tuple[torch.Tensor, Metrics]:
+    from searchrl.algorithms.loss_terms import clipped_surrogate
+
     loss, clip_frac = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high)
     metrics = {
         "clip_frac": clip_frac,
@@ -63,34 +69,45 @@ def _clipped(
     return loss, metrics
 
 
+@policy_loss("gspo", loss_agg=SEQ_MEAN, sequence_level=True)
 def gspo(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Any
 ) -> tuple[torch.Tensor, Metrics]:
     """GSPO (Zheng et al. 2025, eq. 5-7): the sequence ratio s_i = exp(1/|y_i| Σ_t log ρ_{i,t}), clipped per
     sequence, ℓ_i = −min(s_i A_i, clip(s_i, 1 − ε_low, 1 + ε_high) A_i). The gradient flows through the
     length-normalised sum: each token gets s_i / |y_i| · ∇log π_θ(y_t)."""
+    import torch
+
     lr = logp - old_logp  # raw, as verl's and TRL's: a per-token clamp would change the sequence mean
     s = torch.exp(_seq_mean(lr, mask).clamp(max=SEQ_RATIO_CAP))  # (B, 1), capped as verl's GSPO
     return _clipped(s, adv, cfg, lr)
 
 
+@policy_loss("gspo_token", loss_agg=SEQ_MEAN)
 def gspo_token(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Any
 ) -> tuple[torch.Tensor, Metrics]:
     """GSPO-token (Zheng et al. 2025, eq. 13-14): s_{i,t} = sg[s_i] · π_θ(y_t) / sg[π_θ(y_t)], equal to s_i
     in value, with the token's own gradient, so a token-level advantage A_{i,t} may differ along a sequence.
     With one advantage per sequence its gradient is GSPO's."""
+    import torch
+
     lr = logp - old_logp
     log_s = (logp - logp.detach() + _seq_mean(lr, mask).detach()).clamp(max=SEQ_RATIO_CAP)
     return _clipped(torch.exp(log_s), adv, cfg, lr)
 
 
+@policy_loss("cispo")
 def cispo(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Any
 ) -> tuple[torch.Tensor, Metrics]:
     """CISPO (MiniMax-M1, Chen et al. 2025, eq. 4-5): ℓ_t = −sg(clip(ρ_t, 1 − ε_low, 1 + ε_high)) · A_t ·
     log π_θ(y_t). The weight is clipped, not the token: every token keeps a gradient (a clipped PPO token
     gets none). TRL's ``loss_type: cispo`` bounds only the top (its ε_high is the bound itself)."""
+    import torch
+
+    from searchrl.algorithms.loss_terms import log_ratio
+
     lr = log_ratio(logp, old_logp)
     ratio = torch.exp(lr)
     weight = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high).detach()
@@ -101,6 +118,7 @@ def cispo(
     return loss, metrics
 
 
+@policy_loss("gmpo", loss_agg=SEQ_MEAN, sequence_level=True, geometric_weight=True)
 def gmpo(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Any
 ) -> tuple[torch.Tensor, Metrics]:
@@ -112,6 +130,8 @@ def gmpo(
     with A_i the sequence's advantage (the mean of its tokens', as verl's ``geo_mean``). The token log-ratios are
     not clamped before the bound (verl leaves that clamp commented out). Under a sampler-trainer correction the
     sequence's weight is the geometric mean of its tokens' (`batch_policy_loss`), as verl's."""
+    import torch
+
     lr = logp - old_logp
     a = _seq_mean(adv, mask)  # (B, 1)
     sign = torch.sign(a)
@@ -125,6 +145,16 @@ def gmpo(
     return loss, metrics
 
 
+@policy_loss(
+    "sapo",
+    loss_agg=SEQ_MEAN,
+    settings={
+        "tau_pos": LossSetting(
+            1.0, "the gate's temperature for positive advantages (TRL's default)", POSITIVE
+        ),
+        "tau_neg": LossSetting(1.05, "… and for the others (TRL's default)", POSITIVE),
+    },
+)
 def sapo(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Any
 ) -> tuple[torch.Tensor, Metrics]:
@@ -134,11 +164,17 @@ def sapo(
         ℓ_t = −f_τ(ρ_t) · A_t,   f_τ(ρ) = σ(τ (ρ − 1)) · 4 / τ,   τ = τ_pos if A_t > 0 else τ_neg,
 
     whose gradient 4σ'(τ(ρ−1)) ρ ∇log π_θ equals the plain policy gradient at ρ = 1 and fades smoothly as ρ
-    leaves it (faster for negative advantages: τ_neg > τ_pos). ``sapo_tau_pos`` / ``sapo_tau_neg`` default
-    to TRL's 1.0 / 1.05. The log-ratio is held to ±20 as verl does (beyond it σ is saturated either way)."""
+    leaves it (faster for negative advantages: τ_neg > τ_pos). ``policy_loss_args: {tau_pos, tau_neg}``
+    default to TRL's 1.0 / 1.05. The log-ratio is held to ±20 as verl does (beyond it σ is saturated either
+    way)."""
+    import torch
+
+    from searchrl.algorithms.loss_terms import log_ratio
+
     lr = log_ratio(logp, old_logp)
     ratio = torch.exp(lr)
-    tau_pos, tau_neg = float(getattr(cfg, "sapo_tau_pos", 1.0)), float(getattr(cfg, "sapo_tau_neg", 1.05))
+    args = arguments(cfg, "sapo")
+    tau_pos, tau_neg = args["tau_pos"], args["tau_neg"]
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
     loss = -gate * adv
@@ -157,6 +193,8 @@ def batch_policy_loss(
     """The config's policy loss (``policy_loss``, `algorithms.policy_losses`; the clipped ratio by default)
     of a micro-batch: π_old and advantages from its extras, times the sampler-trainer correction weight w_t
     of the decoupled objective (`algorithms.correction`) when there is one (GRPO, SLATE, PPO, StePPO)."""
+    import torch
+
     from searchrl.algorithms import POLICY_LOSSES
 
     name = getattr(cfg, "policy_loss", "clip")
@@ -165,33 +203,9 @@ def batch_policy_loss(
     weight = mb.extras.is_weight
     if weight is not None:
         weight = weight.detach()
-        if (
-            name == "gmpo"
-        ):  # one loss per sequence: the geometric mean of its tokens' weights (verl's geo_mean)
+        # a loss declared with geometric weights (GMPO): one loss per sequence, weighted by the geometric mean
+        # of its tokens' weights (verl's geo_mean)
+        if declaration_of(name).geometric_weight:
             weight = torch.exp(_seq_mean(torch.log(weight + 1e-10), mb.loss_mask))
         loss = loss * weight
     return loss, metrics
-
-
-def check_policy_loss(
-    policy_loss: str,
-    loss_agg: str,
-    dual_clip: float | None = None,
-    sapo_taus: tuple[float, float] = (1.0, 1.05),
-) -> None:
-    """GSPO, GSPO-token, GMPO and SAPO average per sequence (their papers, verl and TRL), so the aggregation
-    must be ``seq-mean-token-mean``; ``dual_clip`` applies to the clipped ratio (``clip``) alone."""
-    if policy_loss in SEQUENCE_MEAN and loss_agg != "seq-mean-token-mean":
-        what = "a per-sequence objective" if policy_loss in SEQUENCE_LEVEL else "averaged per sequence"
-        raise ValueError(
-            f"policy_loss '{policy_loss}' is {what} (the mean over sequences of each one's token mean, as its "
-            f"paper, verl and TRL write it); set loss_agg: seq-mean-token-mean (got '{loss_agg}', which would "
-            "weight each sequence by its length)"
-        )
-    if not all(t > 0 and math.isfinite(t) for t in sapo_taus):
-        raise ValueError(f"sapo_tau_pos and sapo_tau_neg must be positive and finite, got {sapo_taus}")
-    if dual_clip is not None and policy_loss != "clip":
-        raise ValueError(
-            f"dual_clip bounds the clipped ratio's loss (policy_loss: clip) and has no effect on "
-            f"'{policy_loss}'; remove dual_clip (verl's clip_ratio_c is likewise for its vanilla loss only)"
-        )

@@ -20,16 +20,16 @@ StepSearch Appendix B's 7e-7 / 7e-6).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from searchrl.algorithms.advantage_math import gae, token_rewards
-from searchrl.algorithms.base import Algorithm, Requirements, check_group_size, head_param_groups
-from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.algorithms.loss_terms import check_clip, check_stabilisers
-from searchrl.algorithms.policy_losses import batch_policy_loss, check_policy_loss
+from searchrl.algorithms.base import Algorithm, Requirements, head_param_groups
+from searchrl.algorithms.objective import PolicyObjective
+from searchrl.algorithms.policy_losses import batch_policy_loss
+from searchrl.core.config import AT_LEAST_0, AT_LEAST_1, POSITIVE, ZERO_TO_ONE, setting
 from searchrl.core.types import RolloutBatch
 
 if TYPE_CHECKING:
@@ -37,45 +37,34 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class PPOConfig:
-    gamma: float = 1.0
-    lam: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = (
-        None  # c > 1: negative-advantage losses capped at −c·A (verl's clip_ratio_c = 3)
-    )
-    value_clip: float = 0.2  # 0 turns value clipping off
-    vf_coef: float = 0.5
-    critic_lr: float | None = None  # the value head's learning rate; None: 10 × trainer.lr
-    critic_warmup_steps: int = 0  # steps that train only the critic (the policy loss is 0)
-    detach_value_trunk: bool = False  # True: the value loss trains the head only, not the shared LM
-    whiten_advantages: bool = True
-    kl_coef: float = 0.001  # β; 0 skips the reference model
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    kl_clamp: float | None = None  # bound each token's KL estimate to ±kl_clamp (verl: 10); None: unbounded
-    kl_in: Literal["reward", "loss"] = "reward"
-    adaptive_kl: bool = False  # Ziegler et al. (2019): β follows the measured KL towards kl_target
-    kl_target: float = 0.01
-    kl_horizon: int = 10000
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
-        "token-mean"
-    )
-    group_size: int = 1  # rollouts per question (Search-R1's PPO: one; the critic needs no group)
-    # sampler-trainer importance weights or masks on the policy loss (`algorithms.correction`)
-    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
-    # the policy loss on GAE's advantages (`algorithms.policy_losses`): clip (the papers'), gspo_token, cispo, …
-    policy_loss: str = field(default="clip", metadata={"registry": "policy_losses"})
-    sapo_tau_pos: float = 1.0  # SAPO's gate temperature for positive advantages (TRL's default)
-    sapo_tau_neg: float = 1.05  # … and for the others (TRL's default)
+class PPOConfig(PolicyObjective):
+    """The clipped-ratio objective (`algorithms.objective`) on GAE advantages from a value head, with
+    Search-R1's KL in the reward (k1)."""
 
-    def __post_init__(self) -> None:
-        check_clip(self.clip_low, self.clip_high)
-        check_stabilisers(self.dual_clip, self.kl_clamp)
-        check_group_size(self.group_size)
-        check_policy_loss(
-            self.policy_loss, self.loss_agg, self.dual_clip, (self.sapo_tau_pos, self.sapo_tau_neg)
-        )
+    gamma: float = setting(1.0, "γ, the discount of GAE (Search-R1: 1)", ZERO_TO_ONE)
+    lam: float = setting(1.0, "λ of GAE (Search-R1: 1)", ZERO_TO_ONE)
+    value_clip: float = setting(
+        0.2, "the value's clip around its old value; 0 turns value clipping off", AT_LEAST_0
+    )
+    vf_coef: float = setting(0.5, "the value loss's weight", AT_LEAST_0)
+    critic_lr: float | None = setting(None, "the value head's learning rate; null: 10 × trainer.lr", POSITIVE)
+    critic_warmup_steps: int = setting(
+        0, "steps that train only the critic (the policy loss is 0)", AT_LEAST_0
+    )
+    detach_value_trunk: bool = setting(False, "true: the value loss trains the head only, not the shared LM")
+    whiten_advantages: bool = setting(True, "whiten the advantages over the batch's action tokens (verl's)")
+    kl_estimator: Literal["k1", "k2", "k3"] = setting(
+        "k1", "the per-token KL estimator (Search-R1's PPO: k1)"
+    )
+    kl_in: Literal["reward", "loss"] = setting(
+        "reward", "where β·KL enters: the reward (−β·KL_t on each action token, Search-R1), or the loss"
+    )
+    adaptive_kl: bool = setting(False, "Ziegler et al. (2019): β follows the measured KL towards kl_target")
+    kl_target: float = setting(0.01, "the KL the adaptive β aims at", POSITIVE)
+    kl_horizon: int = setting(10000, "the adaptive β's horizon, in sequences", AT_LEAST_1)
+    group_size: int = setting(
+        1, "rollouts per question (Search-R1's PPO: one; the critic needs no group)", AT_LEAST_1
+    )
 
 
 class AdaptiveKL:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from searchrl.algorithms.base import Requirements, head_param_groups
 from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
+from searchrl.core.config import POSITIVE, check_ranges, setting
 from searchrl.core.types import RolloutBatch, Segment, Trajectory
 
 if TYPE_CHECKING:
@@ -26,8 +27,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PRMConfig:
-    head_lr: float | None = None  # the scoring head's learning rate; None: 10 × trainer.lr
-    loss_agg: Literal["seq-mean-token-sum"] = "seq-mean-token-sum"
+    head_lr: float | None = setting(None, "the scoring head's learning rate; null: 10 × trainer.lr", POSITIVE)
+    loss_agg: Literal["seq-mean-token-sum"] = setting("seq-mean-token-sum", "the pair loss is placed per row")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def prm_loss(score_c: torch.Tensor, score_r: torch.Tensor) -> torch.Tensor:

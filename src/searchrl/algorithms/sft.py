@@ -15,6 +15,7 @@ import torch
 from searchrl.algorithms.base import Algorithm, Requirements
 from searchrl.algorithms.loss_terms import nll_loss
 from searchrl.core.aggregate import Sum
+from searchrl.core.config import AT_LEAST_0, check_ranges, setting
 from searchrl.core.types import RolloutBatch, Segment, Step, Trajectory
 from searchrl.rollout.loop import encode
 
@@ -24,15 +25,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SFTConfig:
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    # "actions": NLL on the agent's tokens only (RAG-Gym SFT, fine-tuning a pretrained model).
-    # "all": language modelling on the whole trajectory, documents included — for a model trained from
-    # scratch (the local tiny models), whose documents repeat names and so teach it to copy them.
-    loss_on: Literal["actions", "all"] = "actions"
-    # > 0: train with a sampled softmax (Jean et al., 2015) over the batch's tokens and this many sampled other
-    # rows (models.lean_head). For warm-starting a model with a large vocabulary (Qwen2.5's 151,936 rows) on a
-    # CPU; the model keeps every row and generation, RL and evaluation use the exact softmax. 0: exact.
-    sampled_softmax: int = 0
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = setting(
+        "token-mean", "how token losses become the batch's loss"
+    )
+    loss_on: Literal["actions", "all"] = setting(
+        "actions",
+        "actions: NLL on the agent's tokens only (RAG-Gym SFT, fine-tuning a pretrained model); all: language "
+        "modelling on the whole trajectory, documents included, for a model trained from scratch (the local tiny "
+        "models), whose documents repeat names and so teach it to copy them",
+    )
+    sampled_softmax: int = setting(
+        0,
+        "> 0: a sampled softmax (Jean et al., 2015) over the batch's tokens and this many sampled other rows "
+        "(models.lean_head), for warm-starting a large vocabulary on a CPU; generation, RL and evaluation use the "
+        "exact softmax. 0: exact",
+        AT_LEAST_0,
+    )
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def record_to_trajectory(

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from searchrl.algorithms.advantage_estimators import TURN_LEVEL
 from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.grpo import GRPO, GroupPolicyConfig
+from searchrl.algorithms.objective import LossAgg, declared
 from searchrl.core.aggregate import Mean, Sum
+from searchrl.core.config import AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, setting
 from searchrl.core.types import Segment, Step, Trajectory
 from searchrl.rewards.judges import JUDGES, JudgeItem, JudgeScores
 from searchrl.rollout.loop import RolloutStats, start_trajectories
@@ -43,24 +44,31 @@ if TYPE_CHECKING:
     from searchrl.core.config import EnvConfig
 
 
+# one candidate's step-group advantage is always 0: the group normalises over the k candidates
+AT_LEAST_2: Range = (lambda v: v >= 2, "at least 2 (candidates per step; SLATE uses 5)")
+
+
 @dataclass(frozen=True)
 class SLATEConfig(GroupPolicyConfig):
-    k: int = 5  # candidates per step (SLATE §5.3)
-    eta: float = 0.7  # temperature of the reward-weighted selection
-    selection: Literal["weighted", "best"] = "weighted"
-    budget: int | None = None  # B, the action budget; None: env.max_turns + 1 (the forced answer included)
-    bonus: float = 0.1  # λ of the early-termination bonus
-    judge: str = field(default="rule", metadata={"registry": "judges"})  # a registered judge
-    judge_args: dict[str, Any] = field(default_factory=dict)
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"] = (
-        "seq-mean-token-mean"
+    k: int = setting(5, "candidates per step (SLATE §5.3)", AT_LEAST_2)
+    eta: float = setting(0.7, "temperature of the reward-weighted selection", POSITIVE)
+    selection: Literal["weighted", "best"] = setting(
+        "weighted", "which candidate continues: sampled by reward-weighted softmax, or the best"
+    )
+    budget: int | None = setting(
+        None, "B, the action budget; null: env.max_turns + 1 (the forced answer included)", AT_LEAST_1
+    )
+    bonus: float = setting(0.1, "λ of the early-termination bonus", AT_LEAST_0)
+    judge: str = setting("rule", "the judge that scores each step (a registered judge)", registry="judges")
+    judge_args: dict[str, Any] = setting(dict, "the judge's keyword arguments")
+    loss_agg: LossAgg = setting(
+        "seq-mean-token-mean", "how token losses become the batch's loss (SLATE: each candidate's token mean)"
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.k < 2:  # the step-group advantage normalises over the k candidates: one is always 0
-            raise ValueError(f"k must be at least 2 (candidates per step; SLATE uses 5), got {self.k}")
-        if self.advantage in TURN_LEVEL:  # a SLATE row is one step already: its group is its step group
+        super().__post_init__()  # k's range too: its step group normalises over the k candidates
+        # a SLATE row is one step already: its group is its step group
+        if getattr(declared(self.advantage), "level", None) == "turn":
             raise ValueError(
                 f"advantage '{self.advantage}' credits the steps of whole episodes; a SLATE row is one step "
                 "and its candidates already form its step group (eq. 4): use grpo, or algorithm grpo"

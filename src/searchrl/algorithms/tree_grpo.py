@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from searchrl.algorithms.advantage_math import broadcast_to_tokens, grpo_outcome
-from searchrl.algorithms.base import Requirements, check_group_size
+from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.grpo import GRPO, GroupPolicyConfig
 from searchrl.core.aggregate import Mean, Sum
+from searchrl.core.config import AT_LEAST_0, AT_LEAST_1, setting
 from searchrl.core.types import RolloutBatch, Trajectory
 
 if TYPE_CHECKING:
@@ -47,17 +48,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TreeGRPOConfig(GroupPolicyConfig):
-    trees: int = 2  # M, trees per question
-    rounds: int = 1  # L, expansion rounds
-    expansions: int = 2  # N, nodes expanded per tree and round
+    trees: int = setting(2, "M, trees per question", AT_LEAST_1)
+    rounds: int = setting(1, "L, expansion rounds", AT_LEAST_0)
+    expansions: int = setting(2, "N, nodes expanded per tree and round", AT_LEAST_1)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        check_group_size(self.trees)
-        if self.rounds < 0 or self.expansions < 1:
-            raise ValueError(
-                f"tree_grpo: rounds must be at least 0 and expansions at least 1, got {self.rounds}, {self.expansions}"
-            )
+        super().__post_init__()  # the ranges of trees, rounds and expansions too
         if self.advantage != "grpo":
             raise ValueError(
                 f"tree_grpo computes its own intra- and inter-tree advantage (eq. 9); advantage "

@@ -1,8 +1,10 @@
 """The configuration reference, generated from the schema (`searchrl.core.config`): every key of an
 experiment file with its type, default, range and help text, so that neither is written twice by hand.
 
-The help text is the comment written next to the field in the schema's source (the line before it, or the
-end of its line); ranges come from the fields' own checks (`searchrl.core.config.ranged`). The documentation
+The help text is the field's own (``metadata["help"]``, `searchrl.core.config.setting`), else the comment written
+next to the field in the schema's source (the line before it, or the end of its line); ranges come from the
+fields' own checks (`searchrl.core.config.ranged`, ``setting``). Policy losses are listed from their declarations
+(`searchrl.algorithms.objective`). The documentation
 site builds its "Configuration" page from `markdown` (docs/hooks/config_reference.py);
 ``searchrl config-reference`` prints it.
 """
@@ -99,7 +101,8 @@ def rows(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, s
         if choices:
             rng = f"a registered name ({choices})" + (f"; {rng}" if rng else "")
         value = getattr(defaults, f.name) if defaults is not None else field_default(f)
-        out.append((key, _type_name(t), _default(value), rng, helps.get(f.name, "")))
+        help_ = f.metadata.get("help") or helps.get(f.name, "")
+        out.append((key, _type_name(t), _default(value), rng, help_))
         if nested and isinstance(nested[0], type) and typing.get_origin(t) is not tuple:
             out += rows(nested[0], f"{key}.", value if dataclasses.is_dataclass(value) else None)
     return out
@@ -144,7 +147,40 @@ def markdown() -> str:
     for name, group in algorithm_rows().items():
         lines += ["", f"## `algorithm` with `name: {name}`", ""]
         lines += _table([row for row in group if row[0] != "algorithm.name"])
+    lines += policy_loss_lines()
     return "\n".join(lines) + "\n"
+
+
+def policy_loss_lines() -> list[str]:
+    """The policy losses (``algorithm.policy_loss``) as they declare themselves: what each requires and the
+    arguments it takes under ``algorithm.policy_loss_args``."""
+    from searchrl.algorithms import POLICY_LOSSES
+    from searchrl.algorithms.objective import declaration_of
+
+    lines = [
+        "",
+        "## Policy losses (`algorithm.policy_loss`)",
+        "",
+        "Each loss's declaration (`src/searchrl/algorithms/policy_losses.py`): the aggregation it requires, whether",
+        "`dual_clip` applies, and its own arguments, set under `algorithm.policy_loss_args`.",
+        "",
+        "| loss | requires `loss_agg` | `dual_clip` | arguments (`policy_loss_args`) |",
+        "|---|---|---|---|",
+    ]
+    for name in POLICY_LOSSES.names():
+        d = declaration_of(name)
+        args = "; ".join(
+            f"`{k}` (default `{v.default}`" + (f", {v.range[1]}" if v.range else "") + f"): {v.help}"
+            for k, v in d.settings.items()
+        )
+        cells = [
+            f"`{name}`",
+            f"`{d.loss_agg}`" if d.loss_agg else "any",
+            "yes" if d.dual_clip else "no",
+            args or "none",
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
 
 
 def _table(group: list[tuple[str, str, str, str, str]]) -> list[str]:

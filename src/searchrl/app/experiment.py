@@ -386,7 +386,7 @@ def _check_context(exp: Experiment, source: str) -> None:
 def _check_context_algorithm(exp: Experiment, conf: Any, source: str) -> None:
     """Folded episodes train as several rows sharing the episode's outcome: GRPO's sequence-level estimators
     (group baselines over episodes) and synchronous rollouts."""
-    from searchrl.algorithms.advantage_estimators import SEQUENCE_LEVEL
+    from searchrl.algorithms.objective import estimator_of, estimators
 
     split = "env.context" if exp.env.context is not None else "env.protocol"
     if (exp.env.context is None and exp.env.protocol != "agent") or exp.algorithm is None:
@@ -402,13 +402,13 @@ def _check_context_algorithm(exp: Experiment, conf: Any, source: str) -> None:
             choices=["grpo"],
             hint="train with algorithm grpo (any of its sequence-level advantages)",
         )
-    if conf.advantage not in SEQUENCE_LEVEL:
+    if estimator_of(conf.advantage).level != "sequence":
         raise ConfigError(
             "a folded episode's rows share one advantage per episode: the estimator must be sequence-level",
             file=source,
             key="algorithm.advantage",
             value=conf.advantage,
-            choices=list(SEQUENCE_LEVEL),
+            choices=estimators("sequence"),
         )
     if exp.trainer.async_rollout.max_staleness:
         raise ConfigError(
@@ -638,4 +638,9 @@ def _check_named_args(conf: Any, source: str, key: str) -> None:
             continue
         reg = registries[base.metadata["registry"]]
         target = getattr(conf, base.name)
-        check_kwargs(reg.get(target), getattr(conf, name), source, f"{key}.{name}", f"{reg.kind} '{target}'")
+        obj = reg.get(target)
+        if hasattr(
+            obj, "declaration"
+        ):  # declared settings (a policy loss's), checked when the section was built
+            continue
+        check_kwargs(obj, getattr(conf, name), source, f"{key}.{name}", f"{reg.kind} '{target}'")

@@ -34,11 +34,33 @@ AT_LEAST_ONE_NAME: Range = (lambda v: v >= 1, "at least 1 (names invented per en
 SHARE: Range = (lambda v: 0 < v <= 1, "greater than 0 and at most 1")
 PROBABILITY_BELOW_1: Range = (lambda v: 0 <= v < 1, "in [0, 1)")
 UNIT_INTERVAL: Range = (lambda v: 0 < v <= 1, "in (0, 1]")
+ZERO_TO_ONE: Range = (lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 def ranged(default: Any, check: Range) -> Any:
     """A field with ``default`` whose values must pass ``check`` (a predicate and how the error says it)."""
     return field(default=default, metadata={"range": check})
+
+
+def check_ranges(obj: Any) -> None:
+    """A section built in code (not read from a file, whose loader checks each key): every field's range, as a
+    ValueError naming the key (`setting`, `ranged`)."""
+    for f in dataclasses.fields(obj):
+        check, value = f.metadata.get("range"), getattr(obj, f.name)
+        if check is None or value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not math.isfinite(value) or not check[0](value):
+            raise ValueError(f"{f.name} must be {check[1]}, got {value}")
+
+
+def setting(default: Any, help: str, check: Range | None = None, **meta: Any) -> Any:
+    """A field with its help text (printed by the configuration reference) and, optionally, its range and other
+    metadata (``registry``, ``choices``). A type or a callable as ``default`` is the field's factory (a section,
+    a mapping)."""
+    md = {"help": help, **({"range": check} if check is not None else {}), **meta}
+    if callable(default):
+        return field(default_factory=default, metadata=md)
+    return field(default=default, metadata=md)
 
 
 @dataclass(frozen=True)
@@ -510,6 +532,10 @@ class DistributedConfig:
 RENAMED_KEYS = {
     "RolloutConfig.group_size": "samples per question belong to the algorithm that uses them: "
     "algorithm.group_size (grpo, ppo, steppo; slate samples k candidates per step)",
+    "PolicyObjective.sapo_tau_pos": "a policy loss's own settings sit under policy_loss_args: "
+    "policy_loss_args: {tau_pos: ..., tau_neg: ...}",
+    "PolicyObjective.sapo_tau_neg": "a policy loss's own settings sit under policy_loss_args: "
+    "policy_loss_args: {tau_pos: ..., tau_neg: ...}",
 }
 
 
@@ -670,7 +696,9 @@ def _convert_dataclass(cls: Any, value: Any, ctx: KeySources, key: str, base: An
     for k, v in value.items():
         sub = f"{key}.{k}" if key else str(k)
         if k not in fields:
-            hint = RENAMED_KEYS.get(f"{cls.__name__}.{k}")
+            hint = next(
+                (RENAMED_KEYS[n] for c in cls.__mro__ if (n := f"{c.__name__}.{k}") in RENAMED_KEYS), None
+            )
             raise ctx.error(
                 sub, "unknown key", value=k, choices=list(fields), **({"hint": hint} if hint else {})
             )
@@ -705,7 +733,7 @@ def _check_range(f: dataclasses.Field, value: Any, ctx: KeySources, key: str) ->
         raise ctx.error(key, "expected a finite number", value=value)
     check = f.metadata.get("range")
     if check is not None and value is not None and not check[0](value):
-        raise ctx.error(key, f"must be {check[1]}", value=value)
+        raise ctx.error(key, f"{f.name} must be {check[1]}", value=value)
 
 
 def _check_names(f: dataclasses.Field, value: Any, ctx: KeySources, key: str) -> None:

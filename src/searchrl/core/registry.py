@@ -38,11 +38,18 @@ def import_path(path: str) -> Any:
 class Registry(Generic[T]):
     """Name -> object. Registering the same name twice is an error."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, sources: tuple[str, ...] = ()) -> None:
+        """``sources``: modules whose definitions register themselves (a decorator at each definition); they are
+        imported at the first lookup, so they must load cheaply (no torch at import)."""
         self.kind = kind
         self._objects: dict[str, T] = {}
         self._lazy: dict[str, str] = {}
         self._meta: dict[str, dict[str, Any]] = {}
+        self._sources, self._source_names = list(sources), frozenset(sources)
+
+    def _load(self) -> None:
+        while self._sources:
+            importlib.import_module(self._sources.pop(0))
 
     # ----------------------------------------------------------------- registration
     def _claim(self, name: str) -> None:
@@ -65,6 +72,22 @@ class Registry(Generic[T]):
         self._objects[name] = obj
         self._meta[name] = dict(meta)
 
+    def add_defined(self, name: str, obj: T) -> None:
+        """Register ``obj`` where it is defined (a decorator at its definition in one of ``sources``); importing
+        the module again is not a clash. An object defined elsewhere (a user's module) is not registered: it is
+        named by its dotted path, so the registry's names do not depend on what has been imported."""
+        if getattr(obj, "__module__", None) not in self._source_names:
+            return
+        prev = self._objects.get(name)
+        key = (getattr(obj, "__module__", None), getattr(obj, "__qualname__", None))
+        if (
+            prev is not None
+            and (getattr(prev, "__module__", None), getattr(prev, "__qualname__", None)) == key
+        ):
+            self._objects[name] = obj
+            return
+        self.add(name, obj)
+
     def add_lazy(self, name: str, target: str, **meta: Any) -> None:
         """Register ``name`` -> ``"package.module:attr"`` without importing it."""
         self._claim(name)
@@ -73,19 +96,23 @@ class Registry(Generic[T]):
 
     # ----------------------------------------------------------------- lookup
     def names(self) -> list[str]:
+        self._load()
         return sorted({*self._objects, *self._lazy})
 
     def __contains__(self, name: object) -> bool:
+        self._load()
         return isinstance(name, str) and (name in self._objects or name in self._lazy or ":" in name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def meta(self, name: str) -> dict[str, Any]:
+        self._load()
         return self._meta.get(name, {})
 
     def check(self, name: object) -> None:
         """Raise RegistryError unless ``name`` is known (dotted paths are imported to check them)."""
+        self._load()
         if isinstance(name, str) and ":" in name:
             import_path(name)
             return
@@ -97,6 +124,7 @@ class Registry(Generic[T]):
             raise RegistryError(msg)
 
     def get(self, name: str) -> T:
+        self._load()
         if ":" in name:
             return import_path(name)
         if name in self._objects:
