@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.app.experiment import check_arguments, load_experiment
-from searchrl.core.config import Experiment, save_resolved
+from searchrl.core.config import Experiment, from_dict, save_resolved
 from searchrl.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -301,3 +301,26 @@ def test_the_configuration_reference_shows_the_effective_default_of_every_key():
         fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(name).Config)}
         assert {key.split(".")[1] for key, *_ in table} == fields, name
     assert "## `algorithm` with `name: grpo`" in markdown()
+
+
+def test_every_key_has_its_help_as_field_metadata():
+    """The configuration reference reads each key's help from the field itself (`core.config.setting`), not from
+    the source's comments: every key of an experiment file and of every algorithm has one."""
+    from searchrl.app.config_reference import algorithm_rows, rows
+    from searchrl.core.config import Experiment
+
+    missing = [r[0] for r in rows(Experiment) if not r[4].strip()]
+    missing += [r[0] for group in algorithm_rows().values() for r in group if not r[4].strip()]
+    assert not missing, missing
+
+
+def test_every_call_format_can_be_named_in_a_file():
+    """env.call_format's choices are `auto` and every format the parser reads."""
+    import typing
+
+    from searchrl.core.config import EnvConfig
+    from searchrl.envs.call_formats import FORMATS
+
+    hint = typing.get_type_hints(EnvConfig)["call_format"]
+    assert set(typing.get_args(hint)) == {"auto", *FORMATS}
+    assert from_dict(EnvConfig, {"protocol": "tools", "call_format": "mistral"}).call_format == "mistral"

@@ -1,9 +1,8 @@
 """The configuration reference, generated from the schema (`searchrl.core.config`): every key of an
 experiment file with its type, default, range and help text, so that neither is written twice by hand.
 
-The help text is the field's own (``metadata["help"]``, `searchrl.core.config.setting`), else the comment written
-next to the field in the schema's source (the line before it, or the end of its line); ranges come from the
-fields' own checks (`searchrl.core.config.ranged`, ``setting``). Policy losses are listed from their declarations
+The help text and the range are the fields' own metadata (`searchrl.core.config.setting`: ``help``, ``range``),
+so the reference does not depend on how the source is laid out. Policy losses are listed from their declarations
 (`searchrl.algorithms.objective`). The documentation
 site builds its "Configuration" page from `markdown` (docs/hooks/config_reference.py);
 ``searchrl config-reference`` prints it.
@@ -12,51 +11,8 @@ site builds its "Configuration" page from `markdown` (docs/hooks/config_referenc
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import io
-import tokenize
 import typing
 from typing import Any
-
-
-def _comments(cls: type) -> dict[str, str]:
-    """Each field of ``cls`` -> the comment beside it in the source (the lines just before the field, or the
-    end of its own line)."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    names = {f.name for f in dataclasses.fields(cls)}
-    out: dict[str, str] = {}
-    pending: list[str] = []
-    line_of: dict[int, str] = {}
-    trailing: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            text = tok.string.lstrip("#").strip()
-            if tok.line.strip().startswith("#"):
-                line_of[tok.start[0]] = text
-            else:
-                trailing[tok.start[0]] = text
-    lines = source.splitlines()
-    for i, line in enumerate(lines, 1):
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            pending.append(line_of.get(i, stripped.lstrip("#").strip()))
-            continue
-        name = stripped.split(":", 1)[0].strip() if ":" in stripped else None
-        if name in names and line.startswith("    ") and not line.startswith("        "):
-            parts = [*pending, trailing.get(i, "")]
-            # a field whose default spans lines: its comment may end one of those lines
-            for j in range(i + 1, min(i + 4, len(lines) + 1)):
-                if j in trailing and lines[j - 1].strip().split(":", 1)[0].strip() not in names:
-                    parts.append(trailing[j])
-                else:
-                    break
-            out[name] = " ".join(p for p in parts if p).strip()
-        if stripped and not stripped.startswith("#"):
-            pending = []
-    return out
 
 
 def _type_name(t: Any) -> str:
@@ -90,7 +46,6 @@ def rows(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, s
     from searchrl.core.config import field_default
 
     hints = typing.get_type_hints(cls)
-    helps = _comments(cls)
     out: list[tuple[str, str, str, str, str]] = []
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
@@ -101,7 +56,7 @@ def rows(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, s
         if choices:
             rng = f"a registered name ({choices})" + (f"; {rng}" if rng else "")
         value = getattr(defaults, f.name) if defaults is not None else field_default(f)
-        help_ = f.metadata.get("help") or helps.get(f.name, "")
+        help_ = f.metadata.get("help", "")
         out.append((key, _type_name(t), _default(value), rng, help_))
         if nested and isinstance(nested[0], type) and typing.get_origin(t) is not tuple:
             out += rows(nested[0], f"{key}.", value if dataclasses.is_dataclass(value) else None)
@@ -128,8 +83,8 @@ def markdown() -> str:
         "# Configuration reference",
         "",
         "Every key of an experiment file, generated from the schema (`src/searchrl/core/config.py`) when this",
-        "site is built: its type, its default, the range the loader checks, and the comment written beside the",
-        "field. Any key can be set on the command line (`searchrl train FILE key=value`); `searchrl validate FILE`",
+        "site is built: its type, its default, the range the loader checks, and its help, each the field's own",
+        "(`core.config.setting`). Any key can be set on the command line (`searchrl train FILE key=value`); `searchrl validate FILE`",
         "checks a file without running it. A section given in part keeps the defaults of the keys it leaves out",
         "(the defaults shown, which are the section's own: the warm start's trainer has its own). The algorithm's",
         "keys (`algorithm: {name: grpo, ...}`) are its `Config` dataclass's, listed per algorithm at the end.",

@@ -14,7 +14,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -24,7 +24,7 @@ from searchrl.core.errors import ConfigError, DataError
 
 # ---------------------------------------------------------------------------------------------- sections
 
-# Value ranges, on the fields themselves (``ranged``): checked wherever a section is read (files, overrides,
+# Value ranges, on the fields themselves (`setting`): checked wherever a section is read (files, overrides,
 # `searchrl validate`, every command) and listed by the configuration reference (docs/reference/config.md).
 Range = tuple[Callable[[Any], bool], str]
 AT_LEAST_1: Range = (lambda v: v >= 1, "at least 1")
@@ -37,14 +37,9 @@ UNIT_INTERVAL: Range = (lambda v: 0 < v <= 1, "in (0, 1]")
 ZERO_TO_ONE: Range = (lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
-def ranged(default: Any, check: Range) -> Any:
-    """A field with ``default`` whose values must pass ``check`` (a predicate and how the error says it)."""
-    return field(default=default, metadata={"range": check})
-
-
 def check_ranges(obj: Any) -> None:
     """A section built in code (not read from a file, whose loader checks each key): every field's range, as a
-    ValueError naming the key (`setting`, `ranged`)."""
+    ValueError naming the key (`setting`)."""
     for f in dataclasses.fields(obj):
         check, value = f.metadata.get("range"), getattr(obj, f.name)
         if check is None or value is None or isinstance(value, bool) or not isinstance(value, int | float):
@@ -56,8 +51,10 @@ def check_ranges(obj: Any) -> None:
 def setting(default: Any, help: str, check: Range | None = None, **meta: Any) -> Any:
     """A field with its help text (printed by the configuration reference) and, optionally, its range and other
     metadata (``registry``, ``choices``). A type or a callable as ``default`` is the field's factory (a section,
-    a mapping)."""
+    a mapping); ``MISSING`` makes the key required."""
     md = {"help": help, **({"range": check} if check is not None else {}), **meta}
+    if default is MISSING:  # a required key
+        return field(metadata=md)
     if callable(default):
         return field(default_factory=default, metadata=md)
     return field(default=default, metadata=md)
@@ -67,28 +64,42 @@ def setting(default: Any, help: str, check: Range | None = None, **meta: Any) ->
 class WorldConfig:
     """Size and difficulty of a synthetic world. Defaults generate in about a second."""
 
-    seed: int = 0
-    persons: int = ranged(360, AT_LEAST_0)
-    cities: int = ranged(120, AT_LEAST_0)
-    countries: int = ranged(12, AT_LEAST_0)
-    films: int = ranged(160, AT_LEAST_0)
-    companies: int = ranged(100, AT_LEAST_0)
-    universities: int = ranged(40, AT_LEAST_0)
-    bands: int = ranged(80, AT_LEAST_0)
-    split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # train, dev, test entities
-    questions: tuple[int, int, int] = (4000, 200, 500)  # train, dev, test
-    hop_weights: tuple[float, ...] = (0.25, 0.35, 0.25, 0.15)  # P(1 hop), ..., P(4 hops)
-    distractors_per_doc: int = ranged(2, AT_LEAST_0)  # sentences that name other entities in unrelated roles
-    # object documents list up to this many subjects ("People born in X include ...")
-    inverse_mentions: int = ranged(3, AT_LEAST_0)
-    # names invented per entity: the extra ones are used for renaming
-    name_pool_factor: float = ranged(3.0, AT_LEAST_ONE_NAME)
-    # fact sentences per relation that documents use (the first n of schema.RELATIONS' phrasings, which
-    # name the subject first); null: all of them. 1 makes reading an answer off a document a fixed pattern
-    phrasings: int | None = ranged(None, AT_LEAST_1)
-    # the share of entity documents the retrieval corpus keeps (the rest, drawn with the seed, are left out, and the
-    # questions whose hops need them cannot be answered from retrieval): the corpus-coverage ablation
-    coverage: float = ranged(1.0, SHARE)
+    seed: int = setting(0, "the world's seed: entities, names, facts and questions")
+    persons: int = setting(360, "people in the world", AT_LEAST_0)
+    cities: int = setting(120, "cities", AT_LEAST_0)
+    countries: int = setting(12, "countries", AT_LEAST_0)
+    films: int = setting(160, "films", AT_LEAST_0)
+    companies: int = setting(100, "companies", AT_LEAST_0)
+    universities: int = setting(40, "universities", AT_LEAST_0)
+    bands: int = setting(80, "bands", AT_LEAST_0)
+    split_fractions: tuple[float, float, float] = setting((0.7, 0.1, 0.2), "train, dev, test entities")
+    questions: tuple[int, int, int] = setting((4000, 200, 500), "train, dev, test")
+    hop_weights: tuple[float, ...] = setting((0.25, 0.35, 0.25, 0.15), "P(1 hop), ..., P(4 hops)")
+    distractors_per_doc: int = setting(2, "sentences that name other entities in unrelated roles", AT_LEAST_0)
+    inverse_mentions: int = setting(
+        3, 'object documents list up to this many subjects ("People born in X include ...")', AT_LEAST_0
+    )
+    name_pool_factor: float = setting(
+        3.0, "names invented per entity: the extra ones are used for renaming", AT_LEAST_ONE_NAME
+    )
+    phrasings: int | None = setting(
+        None,
+        (
+            "fact sentences per relation that documents use (the first n of schema.RELATIONS' "
+            "phrasings, which name the subject first); null: all of them. 1 makes reading an answer off "
+            "a document a fixed pattern"
+        ),
+        AT_LEAST_1,
+    )
+    coverage: float = setting(
+        1.0,
+        (
+            "the share of entity documents the retrieval corpus keeps (the rest, drawn with the seed, "
+            "are left out, and the questions whose hops need them cannot be answered from retrieval): "
+            "the corpus-coverage ablation"
+        ),
+        SHARE,
+    )
 
     def count(self, kind: str) -> int:
         return {
@@ -110,22 +121,40 @@ class WorldConfig:
 
 @dataclass(frozen=True)
 class TeacherConfig:
-    noisy: bool = False
-    p_repeat: float = 0.15  # after a successful search, repeat the same query once
-    p_early: float = 0.10  # after a hop (not the last), answer with the current sub-answer
-    p_vague: float = 0.15  # before a hop's proper query, issue one without its entity
-    rename_prob: float = 0.0  # share of trajectories whose entity names are renamed
-    # quote the sentence a sub-answer was read from ("Found: Tubrous was formed in Staloton."), before the
-    # next step or the answer: the answer is then copied from a quoted sentence, not looked up by relation
-    quote: bool = False
-    # state the searches still needed in every thought ("Found: ... Steps left: 1. Next: ..."), counted from
-    # the question's decomposition: the decision to search on or answer then follows the agent's own last
-    # thought instead of the question a whole tool turn back (the tool quickstart; docs/tools.md)
-    plan: bool = False
-    # AutoRefine (arXiv 2505.11277): every action after a search's documents opens with <refine> … </refine>,
-    # what the documents establish (the sentence naming the sub-answer, or that nothing new came back)
-    refine: bool = False
-    seed: int = 0
+    noisy: bool = setting(
+        False,
+        ("imperfect teacher trajectories (repeated, premature and vague searches at the p_* rates below)"),
+    )
+    p_repeat: float = setting(0.15, "after a successful search, repeat the same query once")
+    p_early: float = setting(0.10, "after a hop (not the last), answer with the current sub-answer")
+    p_vague: float = setting(0.15, "before a hop's proper query, issue one without its entity")
+    rename_prob: float = setting(0.0, "share of trajectories whose entity names are renamed")
+    quote: bool = setting(
+        False,
+        (
+            'quote the sentence a sub-answer was read from ("Found: Tubrous was formed in Staloton."), '
+            "before the next step or the answer: the answer is then copied from a quoted sentence, not "
+            "looked up by relation"
+        ),
+    )
+    plan: bool = setting(
+        False,
+        (
+            'state the searches still needed in every thought ("Found: ... Steps left: 1. Next: ..."), '
+            "counted from the question's decomposition: the decision to search on or answer then "
+            "follows the agent's own last thought instead of the question a whole tool turn back (the "
+            "tool quickstart; docs/tools.md)"
+        ),
+    )
+    refine: bool = setting(
+        False,
+        (
+            "AutoRefine (arXiv 2505.11277): every action after a search's documents opens with <refine> "
+            "… </refine>, what the documents establish (the sentence naming the sub-answer, or that "
+            "nothing new came back)"
+        ),
+    )
+    seed: int = setting(0, "the teacher's seed (its noise and renamings)")
 
     def __post_init__(self) -> None:
         for name in ("p_repeat", "p_early", "p_vague", "rename_prob"):
@@ -136,29 +165,48 @@ class TeacherConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: Literal["synthetic", "auto", "flashrag", "hotpotqa", "musique", "2wiki"] = "synthetic"
-    world: WorldConfig = field(default_factory=WorldConfig)  # used when source is synthetic
-    world_dir: str | None = None  # an existing world; default: generated into <output_dir>/world
-    train: str | None = None  # question files for the other sources
-    dev: str | None = None
-    test: str | None = None
-    corpus: str | None = None  # retrieval corpus for the other sources
-    limit: int | None = ranged(None, AT_LEAST_1)  # keep the first N questions of each split
+    source: Literal["synthetic", "auto", "flashrag", "hotpotqa", "musique", "2wiki"] = setting(
+        "synthetic",
+        (
+            "synthetic (the generated world), flashrag (FlashRAG JSONL files), hotpotqa, musique, "
+            "2wiki, or auto (read from the files)"
+        ),
+    )
+    world: WorldConfig = setting(WorldConfig, "used when source is synthetic")
+    world_dir: str | None = setting(None, "an existing world; default: generated into <output_dir>/world")
+    train: str | None = setting(None, "question files for the other sources")
+    dev: str | None = setting(None, "the dev split's question file (the other sources)")
+    test: str | None = setting(None, "the test split's question file (the other sources)")
+    corpus: str | None = setting(None, "retrieval corpus for the other sources")
+    limit: int | None = setting(None, "keep the first N questions of each split", AT_LEAST_1)
 
 
 @dataclass(frozen=True)
 class RetrieverConfig:
-    name: str = field(default="bm25", metadata={"registry": "retrievers"})
-    corpus: str | None = None  # default: the data section's corpus (the world's for synthetic)
-    index: str | None = None  # a saved index directory (`searchrl index`); built and saved there if missing
-    cache: int = ranged(100_000, AT_LEAST_0)  # LRU entries; 0 turns the cache off
-    args: dict[str, Any] = field(default_factory=dict)  # passed to the retriever's constructor
+    name: str = setting(
+        "bm25",
+        (
+            "the retriever: bm25, tantivy, dense (faiss), hybrid, http (a retrieval server), simulated "
+            "(ZeroSearch), or a dotted path"
+        ),
+        registry="retrievers",
+    )
+    corpus: str | None = setting(None, "default: the data section's corpus (the world's for synthetic)")
+    index: str | None = setting(
+        None, "a saved index directory (`searchrl index`); built and saved there if missing"
+    )
+    cache: int = setting(100_000, "LRU entries; 0 turns the cache off", AT_LEAST_0)
+    args: dict[str, Any] = setting(dict, "passed to the retriever's constructor")
 
 
 @dataclass(frozen=True)
 class SummarizerConfig:
-    name: str = field(default="extract", metadata={"registry": "summarizers"})
-    args: dict[str, Any] = field(default_factory=dict)  # passed to the summarizer's constructor
+    name: str = setting(
+        "extract",
+        "extract (no model: the sentences that answer the query) or llm (an untuned chat model)",
+        registry="summarizers",
+    )
+    args: dict[str, Any] = setting(dict, "passed to the summarizer's constructor")
 
 
 @dataclass(frozen=True)
@@ -168,18 +216,36 @@ class ContextConfig:
     summarised and it goes on from the question and that summary. Each context becomes its own training row
     (append-only in its own ids), all given the episode's outcome; group baselines count episodes."""
 
-    # fold before an action once the context holds this many tokens (below rollout.max_total_tokens)
-    max_tokens: int = field(metadata={"range": AT_LEAST_1})
-    # training rows one episode may make (its contexts); at the last one the episode runs on to
-    # rollout.max_total_tokens and ends there ("length"). Each row is padded for on every process, every step
-    max_segments: int = ranged(4, AT_LEAST_1)
-    # the summary's budget in tokens (its oldest searches are dropped to fit); null: half of what is left of
-    # max_tokens after the prompt
-    summary_max_tokens: int | None = ranged(None, AT_LEAST_1)
-    header: str = "Summary of the searches so far:"  # the summary's first line
-    # how each search (query, documents) becomes a line of the summary (`envs/summarize.py`): extract (no model)
-    # or llm (an untuned chat model, RAG-Gym's Figure 7 prompt)
-    summarizer: SummarizerConfig = field(default_factory=SummarizerConfig)
+    max_tokens: int = setting(
+        MISSING,
+        ("fold before an action once the context holds this many tokens (below rollout.max_total_tokens)"),
+        AT_LEAST_1,
+    )
+    max_segments: int = setting(
+        4,
+        (
+            "training rows one episode may make (its contexts); at the last one the episode runs on to "
+            'rollout.max_total_tokens and ends there ("length"). Each row is padded for on every '
+            "process, every step"
+        ),
+        AT_LEAST_1,
+    )
+    summary_max_tokens: int | None = setting(
+        None,
+        (
+            "the summary's budget in tokens (its oldest searches are dropped to fit); null: half of "
+            "what is left of max_tokens after the prompt"
+        ),
+        AT_LEAST_1,
+    )
+    header: str = setting("Summary of the searches so far:", "the summary's first line")
+    summarizer: SummarizerConfig = setting(
+        SummarizerConfig,
+        (
+            "how each search (query, documents) becomes a line of the summary (`envs/summarize.py`): "
+            "extract (no model) or llm (an untuned chat model, RAG-Gym's Figure 7 prompt)"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -188,17 +254,33 @@ class AgentProgramConfig:
     OpenAI-compatible endpoint in front of the policy, which records the ids it renders and samples; the
     episode's rows are built from those ids (`rollout.agent_program`). One of ``function`` and ``command``."""
 
-    # a Python function, "package.module:function" (imported from PYTHONPATH), called with the question and the
-    # keywords it declares among base_url, model, session and search; it returns the answer
-    function: str | None = None
-    # or a command (argv): SEARCHRL_BASE_URL, SEARCHRL_MODEL, SEARCHRL_SESSION and SEARCHRL_QUESTION in its
-    # environment, its answer the last non-empty line it prints
-    command: tuple[str, ...] | None = None
-    timeout: float = ranged(300.0, POSITIVE)  # seconds one episode may run; then it ends, scored as it stands
-    workers: int = ranged(64, AT_LEAST_1)  # episodes that run at once (their calls are batched together)
-    # completions one episode may ask for (a request's n counts each; later requests are refused): also the most
-    # training rows an episode makes, which GRPO sizes its step by
-    max_calls: int = ranged(8, AT_LEAST_1)
+    function: str | None = setting(
+        None,
+        (
+            'a Python function, "package.module:function" (imported from PYTHONPATH), called with the '
+            "question and the keywords it declares among base_url, model, session and search; it "
+            "returns the answer"
+        ),
+    )
+    command: tuple[str, ...] | None = setting(
+        None,
+        (
+            "or a command (argv): SEARCHRL_BASE_URL, SEARCHRL_MODEL, SEARCHRL_SESSION and "
+            "SEARCHRL_QUESTION in its environment, its answer the last non-empty line it prints"
+        ),
+    )
+    timeout: float = setting(
+        300.0, "seconds one episode may run; then it ends, scored as it stands", POSITIVE
+    )
+    workers: int = setting(64, "episodes that run at once (their calls are batched together)", AT_LEAST_1)
+    max_calls: int = setting(
+        8,
+        (
+            "completions one episode may ask for (a request's n counts each; later requests are "
+            "refused): also the most training rows an episode makes, which GRPO sizes its step by"
+        ),
+        AT_LEAST_1,
+    )
 
 
 @dataclass(frozen=True)
@@ -208,132 +290,257 @@ class ToolSpec:
     [command, arg, ...], include: [names]}``), or ``pkg.module:function`` (a Python function; its schema from
     its type hints and docstring)."""
 
-    name: str
-    args: dict[str, Any] = field(default_factory=dict)
+    name: str = setting(MISSING, "search, open, mcp, or pkg.module:function")
+    args: dict[str, Any] = setting(dict, "the tool's own settings (mcp: server, include)")
 
 
 @dataclass(frozen=True)
 class EnvConfig:
-    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    tags: str = field(default="search_r1", metadata={"choices": "tagsets"})
-    # the prompt: short, search_r1, research (plain text, for base models), or search_r1_instruct,
-    # research_instruct, short_chat (through the tokenizer's chat template, for instruct models)
-    template: str = field(default="short", metadata={"choices": "templates"})
-    topk: int = ranged(3, AT_LEAST_1)
-    max_turns: int = ranged(4, AT_LEAST_1)  # non-answer actions per episode before the answer is forced
-    max_query_chars: int = ranged(256, AT_LEAST_1)
-    # tags: a search may hold several queries split by this string (ParallelSearch, arXiv 2508.09303), e.g.
-    # "##"; each is retrieved (one batch) and its documents shown under it. null: one query per search
-    query_separator: str | None = None
-    max_parallel_queries: int = 4  # with query_separator: more queries in one search make it invalid
-    on_budget: Literal["force_answer", "end"] = "force_answer"
-    doc_max_words: int | None = ranged(None, AT_LEAST_1)
-    # how documents are written into observations: search_r1 "Doc 1(Title: t) text" (Search-R1, ReSearch,
-    # FlashRAG) or stepsearch "Doc 1<## Title: t ##> text" (StepSearch's public code parses this one)
-    doc_format: Literal["search_r1", "stepsearch"] = "search_r1"
-    # the agent design (RAG-Gym Appendix C, §3): react (think/search/answer turns), direct (answer at once),
-    # rag (the question is the one query, then answer), research (RAG-Gym's ReSearch: the state is the
-    # question and the (query, summary) pairs so far, re-rendered each step; SFT, DPO, PRM and evaluation only)
-    agent: Literal["react", "direct", "rag", "research"] = "react"
-    # turns each search's documents into a short answer to its query (envs/summarize.py). Default: `extract`
-    # for research, none (the documents themselves) for the others; set it on react for Search-o1's design.
-    summarizer: SummarizerConfig | None = None
-    # how the agent acts: tags (<search>/<answer> in the text, as the papers do) or tools (the model's own chat
-    # format: the template renders the tool schemas, the model writes <tool_call> JSON and answers in a final
-    # message; envs/tool_env.py). tools needs a chat prompt (env.template: tools, short_chat, ...)
-    # or agent: a user's agent program drives the model through an OpenAI-compatible endpoint (env.agent_program,
-    # rollout/agent_program.py); it renders through the chat template like tools
-    # Each names an entry of the environment registry (app/environments.py); "pkg.module:build" names your own.
-    protocol: str = field(default="tags", metadata={"registry": "environments"})
-    agent_program: AgentProgramConfig | None = None  # protocol agent: the program (AgentProgramConfig)
-    tools: tuple[ToolSpec, ...] = (ToolSpec("search"),)  # protocol tools: what the agent may call
-    max_tool_calls: int = 4  # protocol tools: calls one assistant turn may make
-    # protocol tools: each tool response cut to this many characters (verl's max_tool_response_length; null: no
-    # cap), on this side: right keeps the start, left the end, middle both ends
-    tool_response_max_chars: int | None = ranged(8192, AT_LEAST_1)
-    tool_response_truncate: Literal["right", "left", "middle"] = "right"
-    # protocol tools: how the model writes its calls (envs/call_formats.py): auto (read from the chat template),
-    # hermes (<tool_call> JSON: Qwen2.5, Qwen3), qwen3_coder (<function=…><parameter=…>), llama3_json,
-    # glm45 (<tool_call>NAME<arg_key>…</arg_key><arg_value>…</arg_value>: GLM-4.5, 4.6)
-    call_format: Literal["auto", "hermes", "qwen3_coder", "llama3_json", "glm45"] = "auto"
-    # protocol tools: passed to the chat template, e.g. {enable_thinking: false} for Qwen3
-    chat_kwargs: dict[str, Any] = field(default_factory=dict)
-    # long horizons: fold an episode's history into a summary when its context passes a budget (ContextConfig);
-    # null: an episode that fills rollout.max_total_tokens ends there ("length")
-    context: ContextConfig | None = None
+    retriever: RetrieverConfig = setting(RetrieverConfig, "the retriever section (RetrieverConfig)")
+    tags: str = setting(
+        "search_r1",
+        ("the tag set of the tags protocol: search_r1 (<search>, <information>, <answer>) or research"),
+        choices="tagsets",
+    )
+    template: str = setting(
+        "short",
+        (
+            "the prompt: short, search_r1, research (plain text, for base models), or "
+            "search_r1_instruct, research_instruct, short_chat (through the tokenizer's chat template, "
+            "for instruct models)"
+        ),
+        choices="templates",
+    )
+    topk: int = setting(3, "documents returned per search", AT_LEAST_1)
+    max_turns: int = setting(4, "non-answer actions per episode before the answer is forced", AT_LEAST_1)
+    max_query_chars: int = setting(
+        256, "a longer query is cut to this many characters before retrieval", AT_LEAST_1
+    )
+    query_separator: str | None = setting(
+        None,
+        (
+            "tags: a search may hold several queries split by this string (ParallelSearch, arXiv "
+            '2508.09303), e.g. "##"; each is retrieved (one batch) and its documents shown under it. '
+            "null: one query per search"
+        ),
+    )
+    max_parallel_queries: int = setting(4, "with query_separator: more queries in one search make it invalid")
+    on_budget: Literal["force_answer", "end"] = setting(
+        "force_answer",
+        (
+            "at max_turns: force_answer (the environment asks for the answer) or end (the episode ends "
+            "unanswered)"
+        ),
+    )
+    doc_max_words: int | None = setting(
+        None, "each document cut to this many words in observations; null: whole", AT_LEAST_1
+    )
+    doc_format: Literal["search_r1", "stepsearch"] = setting(
+        "search_r1",
+        (
+            'how documents are written into observations: search_r1 "Doc 1(Title: t) text" (Search-R1, '
+            'ReSearch, FlashRAG) or stepsearch "Doc 1<## Title: t ##> text" (StepSearch\'s public code '
+            "parses this one)"
+        ),
+    )
+    agent: Literal["react", "direct", "rag", "research"] = setting(
+        "react",
+        (
+            "the agent design (RAG-Gym Appendix C, §3): react (think/search/answer turns), direct "
+            "(answer at once), rag (the question is the one query, then answer), research (RAG-Gym's "
+            "ReSearch: the state is the question and the (query, summary) pairs so far, re-rendered "
+            "each step; SFT, DPO, PRM and evaluation only)"
+        ),
+    )
+    summarizer: SummarizerConfig | None = setting(
+        None,
+        (
+            "turns each search's documents into a short answer to its query (envs/summarize.py). "
+            "Default: `extract` for research, none (the documents themselves) for the others; set it on "
+            "react for Search-o1's design."
+        ),
+    )
+    protocol: str = setting(
+        "tags",
+        (
+            "how the agent acts: tags (<search>/<answer> in the text, as the papers do) or tools (the "
+            "model's own chat format: the template renders the tool schemas, the model writes "
+            "<tool_call> JSON and answers in a final message; envs/tool_env.py). tools needs a chat "
+            "prompt (env.template: tools, short_chat, ...) or agent: a user's agent program drives the "
+            "model through an OpenAI-compatible endpoint (env.agent_program, rollout/agent_program.py); "
+            "it renders through the chat template like tools Each names an entry of the environment "
+            'registry (app/environments.py); "pkg.module:build" names your own.'
+        ),
+        registry="environments",
+    )
+    agent_program: AgentProgramConfig | None = setting(
+        None, "protocol agent: the program (AgentProgramConfig)"
+    )
+    tools: tuple[ToolSpec, ...] = setting((ToolSpec("search"),), "protocol tools: what the agent may call")
+    max_tool_calls: int = setting(4, "protocol tools: calls one assistant turn may make")
+    tool_response_max_chars: int | None = setting(
+        8192,
+        (
+            "protocol tools: each tool response cut to this many characters (verl's "
+            "max_tool_response_length; null: no cap), on this side: right keeps the start, left the "
+            "end, middle both ends"
+        ),
+        AT_LEAST_1,
+    )
+    tool_response_truncate: Literal["right", "left", "middle"] = setting(
+        "right",
+        ("the side tool_response_max_chars cuts: right keeps the start, left the end, middle both ends"),
+    )
+    call_format: Literal["auto", "hermes", "qwen3_coder", "llama3_json", "glm45", "mistral"] = setting(
+        "auto",
+        (
+            "protocol tools: how the model writes its calls (envs/call_formats.py): auto (read from the "
+            "chat template), hermes (<tool_call> JSON: Qwen2.5, Qwen3), qwen3_coder "
+            "(<function=…><parameter=…>), llama3_json, glm45 "
+            "(<tool_call>NAME<arg_key>…</arg_key><arg_value>…</arg_value>: GLM-4.5, 4.6), mistral "
+            "([TOOL_CALLS] and a JSON list with call ids)"
+        ),
+    )
+    chat_kwargs: dict[str, Any] = setting(
+        dict, "protocol tools: passed to the chat template, e.g. {enable_thinking: false} for Qwen3"
+    )
+    context: ContextConfig | None = setting(
+        None,
+        (
+            "long horizons: fold an episode's history into a summary when its context passes a budget "
+            "(ContextConfig); null: an episode that fills rollout.max_total_tokens ends there "
+            '("length")'
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class LoraConfig:
-    r: int = ranged(16, AT_LEAST_1)
-    alpha: int = ranged(32, POSITIVE)
-    dropout: float = ranged(0.0, PROBABILITY_BELOW_1)
-    target_modules: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
+    r: int = setting(16, "the adapters' rank", AT_LEAST_1)
+    alpha: int = setting(32, "LoRA's alpha (the update scaled by alpha / r)", POSITIVE)
+    dropout: float = setting(0.0, "dropout on the adapters' input", PROBABILITY_BELOW_1)
+    target_modules: tuple[str, ...] = setting(
+        (
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ),
+        "the modules that get adapters (Qwen2's attention and MLP projections)",
     )
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str | None = None  # local directory or hub id; None builds the local `size` model
-    size: Literal["tiny", "small", "base", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"] = "small"
-    # the local model's transformer layers; None: the size's own
-    layers: int | None = ranged(None, AT_LEAST_1)
-    # the local model's tokenizer: "local" is trained on the synthetic world (every tag one special token);
-    # "qwen2.5" is Qwen2.5's real vocabulary (tags are text), from the qwen extra
-    tokenizer: Literal["local", "qwen2.5", "qwen3"] = "local"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    lora: LoraConfig | None = None  # null: full fine-tuning
-    # Recompute each layer's activations in the backward pass (transformers' gradient checkpointing,
-    # non-reentrant) instead of keeping them: about a third more compute for the training passes, activation
-    # memory of one layer instead of all. A 7B shape's GRPO step with LoRA (8 episodes of ~1.1k tokens per
-    # micro-batch) ran out of an H100's 80 GB without it (measured). Generation is unaffected.
-    gradient_checkpointing: bool = False
+    path: str | None = setting(None, "local directory or hub id; None builds the local `size` model")
+    size: Literal["tiny", "small", "base", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"] = setting(
+        "small",
+        (
+            "the local model built when model.path is unset: tiny, small (the default), base, or a "
+            "Qwen2.5 shape with random weights"
+        ),
+    )
+    layers: int | None = setting(
+        None, "the local model's transformer layers; None: the size's own", AT_LEAST_1
+    )
+    tokenizer: Literal["local", "qwen2.5", "qwen3"] = setting(
+        "local",
+        (
+            'the local model\'s tokenizer: "local" is trained on the synthetic world (every tag one '
+            'special token); "qwen2.5" is Qwen2.5\'s real vocabulary (tags are text), from the qwen '
+            "extra"
+        ),
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = setting(
+        "float32", "the weights' dtype (bfloat16 on a GPU)"
+    )
+    lora: LoraConfig | None = setting(None, "null: full fine-tuning")
+    gradient_checkpointing: bool = setting(
+        False,
+        (
+            "Recompute each layer's activations in the backward pass (transformers' gradient "
+            "checkpointing, non-reentrant) instead of keeping them: about a third more compute for the "
+            "training passes, activation memory of one layer instead of all. A 7B shape's GRPO step "
+            "with LoRA (8 episodes of ~1.1k tokens per micro-batch) ran out of an H100's 80 GB without "
+            "it (measured). Generation is unaffected."
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class RewardSpec:
-    name: str = field(metadata={"registry": "rewards"})
-    weight: float = 1.0
-    args: dict[str, Any] = field(default_factory=dict)
+    name: str = setting(
+        MISSING,
+        (
+            "a registered reward (em, f1, cover_em, search_r1_format, stepsearch, judge, ...) or "
+            "pkg.module:function"
+        ),
+        registry="rewards",
+    )
+    weight: float = setting(1.0, "its weight in the summed reward")
+    args: dict[str, Any] = setting(dict, "the reward's keyword arguments")
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """``algorithm: {name: grpo, clip: 0.2, ...}``: every key but ``name`` is the algorithm's own."""
 
-    name: str = field(default="grpo", metadata={"registry": "algorithms"})
-    args: dict[str, Any] = field(default_factory=dict)
+    name: str = setting(
+        "grpo",
+        "the algorithm: sft, grpo, ppo, steppo, slate, tree_grpo, arpo, dpo, prm",
+        registry="algorithms",
+    )
+    args: dict[str, Any] = setting(
+        dict, "every other key of the section: the algorithm's own (listed per algorithm below)"
+    )
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    backend: str = field(default="hf", metadata={"registry": "generators"})
-    # ReSearch Table 4; also divides the logits of the training log-probs
-    temperature: float = ranged(1.0, AT_LEAST_0)
-    top_p: float = ranged(1.0, UNIT_INTERVAL)
-    max_new_tokens: int = ranged(128, AT_LEAST_1)  # per action (generation stops earlier at a stop tag)
-    max_total_tokens: int = ranged(2048, AT_LEAST_1)  # whole trajectory: prompt + actions + observations
-    batch_size: int = ranged(64, AT_LEAST_1)  # sequences per generation call (rows of the continuous batch)
-    # episode: each episode advances on its own through a continuous batch (an action that ends goes to the
-    # environment, its next action joins the batch while others decode); turn: one batched generation per turn
-    loop: Literal["episode", "turn"] = "episode"
-    # HF backend: decode through a captured step (one CUDA graph per batch and length bucket on a GPU,
-    # torch.compile on a CPU; rollout/graph_decode.py). Off by default: its GPU figures are in docs/decoding.md.
-    # vLLM captures its own graphs.
-    compile: bool = False
-    # HF backend: equal prompts (a GRPO group's) prefilled once, and the prefix that distinct prompts admitted
-    # together share (system prompt, tool schemas) computed once. vLLM caches prefixes itself.
-    prefix_sharing: bool = False
-    # keyword arguments of the backend, e.g. vllm: {gpu_memory_utilization: 0.4, tensor_parallel_size: 2,
-    # enable_sleep_mode: true, max_model_len: 8192}
-    backend_args: dict[str, Any] = field(default_factory=dict)
+    backend: str = setting(
+        "hf", "the generator: hf (transformers, in-process) or vllm", registry="generators"
+    )
+    temperature: float = setting(
+        1.0, "ReSearch Table 4; also divides the logits of the training log-probs", AT_LEAST_0
+    )
+    top_p: float = setting(1.0, "nucleus sampling's p (1: off)", UNIT_INTERVAL)
+    max_new_tokens: int = setting(128, "per action (generation stops earlier at a stop tag)", AT_LEAST_1)
+    max_total_tokens: int = setting(2048, "whole trajectory: prompt + actions + observations", AT_LEAST_1)
+    batch_size: int = setting(64, "sequences per generation call (rows of the continuous batch)", AT_LEAST_1)
+    loop: Literal["episode", "turn"] = setting(
+        "episode",
+        (
+            "episode: each episode advances on its own through a continuous batch (an action that ends "
+            "goes to the environment, its next action joins the batch while others decode); turn: one "
+            "batched generation per turn"
+        ),
+    )
+    compile: bool = setting(
+        False,
+        (
+            "HF backend: decode through a captured step (one CUDA graph per batch and length bucket on "
+            "a GPU, torch.compile on a CPU; rollout/graph_decode.py). Off by default: its GPU figures "
+            "are in docs/decoding.md. vLLM captures its own graphs."
+        ),
+    )
+    prefix_sharing: bool = setting(
+        False,
+        (
+            "HF backend: equal prompts (a GRPO group's) prefilled once, and the prefix that distinct "
+            "prompts admitted together share (system prompt, tool schemas) computed once. vLLM caches "
+            "prefixes itself."
+        ),
+    )
+    backend_args: dict[str, Any] = setting(
+        dict,
+        (
+            "keyword arguments of the backend, e.g. vllm: {gpu_memory_utilization: 0.4, "
+            "tensor_parallel_size: 2, enable_sleep_mode: true, max_model_len: 8192}"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -342,17 +549,33 @@ class GuardConfig:
     (``max_drop``) must not fall more than that below the highest such mean since the run (or its last
     rollback) started: a reward that crashes from wherever it had climbed to."""
 
-    # a monitor (entropy, kl, length, reward, grad_norm, loss, tool_calls, tool_errors) or any metrics.jsonl key,
-    # e.g. train/clip_frac
-    metric: str
-    min: float | None = None
-    max: float | None = None
-    max_drop: float | None = ranged(None, POSITIVE)
-    window: int = ranged(3, AT_LEAST_1)
-    after: int = ranged(0, AT_LEAST_0)  # steps before the monitor is armed (a warm-up)
-    # not checked while the training reward's mean over the same window is at least this: a policy that is
-    # sure of itself because it succeeds (entropy near 0 at reward 0.95) has converged, not collapsed
-    unless_reward_above: float | None = None
+    metric: str = setting(
+        MISSING,
+        (
+            "a monitor (entropy, kl, length, reward, grad_norm, loss, tool_calls, tool_errors) or any "
+            "metrics.jsonl key, e.g. train/clip_frac"
+        ),
+    )
+    min: float | None = setting(None, "the window's mean must stay at least this; null: no lower bound")
+    max: float | None = setting(None, "the window's mean must stay at most this; null: no upper bound")
+    max_drop: float | None = setting(
+        None,
+        (
+            "the window's mean must not fall more than this below its highest since the start (or the "
+            "last rollback)"
+        ),
+        POSITIVE,
+    )
+    window: int = setting(3, "steps averaged", AT_LEAST_1)
+    after: int = setting(0, "steps before the monitor is armed (a warm-up)", AT_LEAST_0)
+    unless_reward_above: float | None = setting(
+        None,
+        (
+            "not checked while the training reward's mean over the same window is at least this: a "
+            "policy that is sure of itself because it succeeds (entropy near 0 at reward 0.95) has "
+            "converged, not collapsed"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.min is None and self.max is None and self.max_drop is None:
@@ -367,11 +590,18 @@ class GuardConfig:
 class GuardsConfig:
     """Collapse guards (`engine.guards`). Non-finite losses and gradients always stop or roll back."""
 
-    monitors: tuple[GuardConfig, ...] = ()
-    on_trip: Literal["stop", "rollback"] = "stop"
-    # rollback: the learning rate is multiplied by this at every trip
-    lr_scale: float = ranged(0.5, UNIT_INTERVAL)
-    max_rollbacks: int = ranged(2, AT_LEAST_0)  # rollback: trips beyond this many stop the run
+    monitors: tuple[GuardConfig, ...] = setting((), "the collapse monitors (GuardConfig each)")
+    on_trip: Literal["stop", "rollback"] = setting(
+        "stop",
+        (
+            "when a monitor trips: stop (with a message naming the last good checkpoint) or rollback "
+            "(restore it and go on at a lower learning rate)"
+        ),
+    )
+    lr_scale: float = setting(
+        0.5, "rollback: the learning rate is multiplied by this at every trip", UNIT_INTERVAL
+    )
+    max_rollbacks: int = setting(2, "rollback: trips beyond this many stop the run", AT_LEAST_0)
 
 
 @dataclass(frozen=True)
@@ -379,19 +609,33 @@ class AsyncRolloutConfig:
     """Asynchronous rollouts (``trainer.async_rollout``): a worker samples the next steps' episodes while the
     trainer trains; step i trains on tokens sampled by policy versions ≥ i − max_staleness."""
 
-    # 0: synchronous (on-policy, today's trainer); 1: one step off; k: up to k behind
-    max_staleness: int = ranged(0, AT_LEAST_0)
-    # where the rollout worker runs (`rollout.worker_process`): "thread", beside the trainer in its process (HF:
-    # on a copy of the policy; vLLM: on the process's engine); "process", a process of its own (its own copy,
-    # environment and torch threads, no interpreter lock shared with the trainer; vLLM: its own engine, loaded
-    # from that copy), the weights shipped through shared memory.
-    worker: Literal["thread", "process"] = "thread"
-    # torch threads of a worker process; None: torch's default for it
-    worker_threads: int | None = ranged(None, AT_LEAST_1)
-    worker_cpus: tuple[int, ...] = ()  # cores a worker process is pinned to (Linux); empty: the trainer's
-    # a worker process that dies (killed, out of memory, a native crash) is started again this many times,
-    # re-sampling the steps it had in flight, before the run stops (logged: async/worker_restarts)
-    max_restarts: int = 3
+    max_staleness: int = setting(
+        0, "0: synchronous (on-policy, today's trainer); 1: one step off; k: up to k behind", AT_LEAST_0
+    )
+    worker: Literal["thread", "process"] = setting(
+        "thread",
+        (
+            'where the rollout worker runs (`rollout.worker_process`): "thread", beside the trainer in '
+            'its process (HF: on a copy of the policy; vLLM: on the process\'s engine); "process", a '
+            "process of its own (its own copy, environment and torch threads, no interpreter lock "
+            "shared with the trainer; vLLM: its own engine, loaded from that copy), the weights shipped "
+            "through shared memory."
+        ),
+    )
+    worker_threads: int | None = setting(
+        None, "torch threads of a worker process; None: torch's default for it", AT_LEAST_1
+    )
+    worker_cpus: tuple[int, ...] = setting(
+        (), "cores a worker process is pinned to (Linux); empty: the trainer's"
+    )
+    max_restarts: int = setting(
+        3,
+        (
+            "a worker process that dies (killed, out of memory, a native crash) is started again this "
+            "many times, re-sampling the steps it had in flight, before the run stops (logged: "
+            "async/worker_restarts)"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -399,69 +643,122 @@ class SamplesConfig:
     """What each step trained on, saved for `searchrl view` (``trainer.samples``, `engine.samples`): token ids,
     loss mask, behaviour / π_old / trainer log-probs, advantages and step rewards of a few groups' rows."""
 
-    # groups (a question's episodes, a prefix's candidates) per saved step; 0: nothing saved
-    groups: int = ranged(2, AT_LEAST_0)
-    every: int = ranged(1, AT_LEAST_1)  # save every N-th step
+    groups: int = setting(
+        2,
+        "groups (a question's episodes, a prefix's candidates) per saved step; 0: nothing saved",
+        AT_LEAST_0,
+    )
+    every: int = setting(1, "save every N-th step", AT_LEAST_1)
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    steps: int = ranged(100, AT_LEAST_1)  # optimizer steps per epoch × mini_batch == rollout batches
-    # on SIGTERM / SIGUSR1 (preemption) the step in progress finishes, a checkpoint is written if it fits in
-    # this many seconds from the signal, and the run exits 75 ("resume me"; engine/preemption.py)
-    preempt_grace_s: float = ranged(60.0, POSITIVE)
-    # questions (online) or records (SFT) per step, across all processes
-    batch_size: int = ranged(16, AT_LEAST_1)
-    micro_batch_size: int = ranged(8, AT_LEAST_1)  # sequences per forward/backward on one process
-    lr: float = ranged(1.0e-6, POSITIVE)  # ReSearch Table 4
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    weight_decay: float = ranged(0.0, AT_LEAST_0)
-    warmup_steps: int = ranged(0, AT_LEAST_0)
-    # wsd: warm-up, constant, then a cosine decay to 0 over the last `decay_fraction` of the steps
-    # (warmup-stable-decay; a fraction, so that a shortened run keeps the shape)
-    schedule: Literal["constant", "cosine", "linear", "wsd"] = "constant"
-    decay_fraction: float = 0.0  # wsd only, in (0, 1]
-    max_grad_norm: float = ranged(1.0, POSITIVE)
-    epochs: int = ranged(1, AT_LEAST_1)  # passes over each rollout batch (PPO epochs)
-    mini_batches: int = ranged(1, AT_LEAST_1)  # optimizer updates per pass over a rollout batch
-    save_every: int = ranged(50, AT_LEAST_1)  # steps between checkpoints (and at the end)
-    keep_checkpoints: int = ranged(2, AT_LEAST_1)
-    # steps between evaluations on `eval_split` during training, and at the last step, so that the held-out
-    # curve ends at the final policy (0: none; the run's own evaluation after training is `eval`)
-    eval_every: int = ranged(0, AT_LEAST_0)
-    eval_split: Literal["train", "dev", "test"] = "dev"
-    eval_limit: int | None = ranged(200, AT_LEAST_1)
-    log_entropy: bool = True
-    # log-probs from the final hidden states, the output layer applied only at action tokens and in chunks:
-    # no (batch, tokens, vocabulary) logits tensor (2.5 GB per 4,096 tokens at Qwen2.5's vocabulary)
-    lean_logprobs: bool = True
-    # every pass's micro-batch as one row of its real tokens, no padding (`models.packing`): the same
-    # log-probs, losses and gradients (to float rounding) for less compute when lengths differ
-    packing: bool = False
-    # with packing: every prefix that rows of a micro-batch share runs once, forward and backward, the rows laid
-    # out as a prefix tree (a system prompt and tool schemas, a question's prompt, the turns branches of one
-    # episode share, SLATE's and RAG-Gym's candidates of one step; `models.prefix`); micro-batches are cut in
-    # token order so that such rows meet. Where the attention kernel takes a custom mask (SDPA, eager) and it
-    # costs less than separate rows
-    share_prefix: bool = True
-    # several processes: after the collection, whole groups move between processes so that each trains on a
-    # similar number of tokens (`engine.balance`); the update is the same, the slowest process less slow
-    balance_ranks: bool = False
-    tensorboard: bool = False
-    wandb_project: str | None = None
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    # float32 master copies (and optimizer moments) of trainable bfloat16 / float16 parameters outside
-    # DeepSpeed, which keeps its own (`engine.precision`): stepped in place in bfloat16, an update below half a
-    # weight's rounding step is lost (at lr 1e-6, 98% of a 0.5B layer's weights unchanged after 3 steps).
-    # With several micro-batches per update their gradients are summed in float32 too (2 bytes per parameter
-    # more while the update runs). false: the parameters stepped, and gradients summed, in their own dtype
-    # (8 bytes per parameter less with AdamW)
-    master_weights: bool = True
-    guards: GuardsConfig = field(default_factory=GuardsConfig)
-    # asynchronous partial rollouts under a staleness cap (`searchrl.rollout.async_rollout`)
-    async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
-    # a sample of each step's batch as the loss saw it, in samples/ (`searchrl view`'s training view)
-    samples: SamplesConfig = field(default_factory=SamplesConfig)
+    steps: int = setting(100, "optimizer steps per epoch × mini_batch == rollout batches", AT_LEAST_1)
+    preempt_grace_s: float = setting(
+        60.0,
+        (
+            "on SIGTERM / SIGUSR1 (preemption) the step in progress finishes, a checkpoint is written "
+            'if it fits in this many seconds from the signal, and the run exits 75 ("resume me"; '
+            "engine/preemption.py)"
+        ),
+        POSITIVE,
+    )
+    batch_size: int = setting(
+        16, "questions (online) or records (SFT) per step, across all processes", AT_LEAST_1
+    )
+    micro_batch_size: int = setting(8, "sequences per forward/backward on one process", AT_LEAST_1)
+    lr: float = setting(1.0e-6, "ReSearch Table 4", POSITIVE)
+    optimizer: Literal["adamw", "sgd"] = setting("adamw", "adamw or sgd")
+    weight_decay: float = setting(0.0, "the optimizer's weight decay", AT_LEAST_0)
+    warmup_steps: int = setting(0, "steps of linear learning-rate warm-up", AT_LEAST_0)
+    schedule: Literal["constant", "cosine", "linear", "wsd"] = setting(
+        "constant",
+        (
+            "wsd: warm-up, constant, then a cosine decay to 0 over the last `decay_fraction` of the "
+            "steps (warmup-stable-decay; a fraction, so that a shortened run keeps the shape)"
+        ),
+    )
+    decay_fraction: float = setting(0.0, "wsd only, in (0, 1]")
+    max_grad_norm: float = setting(1.0, "gradients clipped to this global norm", POSITIVE)
+    epochs: int = setting(1, "passes over each rollout batch (PPO epochs)", AT_LEAST_1)
+    mini_batches: int = setting(1, "optimizer updates per pass over a rollout batch", AT_LEAST_1)
+    save_every: int = setting(50, "steps between checkpoints (and at the end)", AT_LEAST_1)
+    keep_checkpoints: int = setting(2, "checkpoints kept on disk (the newest)", AT_LEAST_1)
+    eval_every: int = setting(
+        0,
+        (
+            "steps between evaluations on `eval_split` during training, and at the last step, so that "
+            "the held-out curve ends at the final policy (0: none; the run's own evaluation after "
+            "training is `eval`)"
+        ),
+        AT_LEAST_0,
+    )
+    eval_split: Literal["train", "dev", "test"] = setting(
+        "dev", "the split evaluated during training (every eval_every steps)"
+    )
+    eval_limit: int | None = setting(200, "questions of it evaluated; null: all", AT_LEAST_1)
+    log_entropy: bool = setting(True, "log the policy's token entropy (one more reduction per step)")
+    lean_logprobs: bool = setting(
+        True,
+        (
+            "log-probs from the final hidden states, the output layer applied only at action tokens and "
+            "in chunks: no (batch, tokens, vocabulary) logits tensor (2.5 GB per 4,096 tokens at "
+            "Qwen2.5's vocabulary)"
+        ),
+    )
+    packing: bool = setting(
+        False,
+        (
+            "every pass's micro-batch as one row of its real tokens, no padding (`models.packing`): the "
+            "same log-probs, losses and gradients (to float rounding) for less compute when lengths "
+            "differ"
+        ),
+    )
+    share_prefix: bool = setting(
+        True,
+        (
+            "with packing: every prefix that rows of a micro-batch share runs once, forward and "
+            "backward, the rows laid out as a prefix tree (a system prompt and tool schemas, a "
+            "question's prompt, the turns branches of one episode share, SLATE's and RAG-Gym's "
+            "candidates of one step; `models.prefix`); micro-batches are cut in token order so that "
+            "such rows meet. Where the attention kernel takes a custom mask (SDPA, eager) and it costs "
+            "less than separate rows"
+        ),
+    )
+    balance_ranks: bool = setting(
+        False,
+        (
+            "several processes: after the collection, whole groups move between processes so that each "
+            "trains on a similar number of tokens (`engine.balance`); the update is the same, the "
+            "slowest process less slow"
+        ),
+    )
+    tensorboard: bool = setting(False, "write TensorBoard event files beside metrics.jsonl")
+    wandb_project: str | None = setting(None, "log to this Weights & Biases project; null: not at all")
+    mixed_precision: Literal["no", "bf16", "fp16"] = setting(
+        "no", "accelerate's mixed precision: no, bf16 or fp16"
+    )
+    master_weights: bool = setting(
+        True,
+        (
+            "float32 master copies (and optimizer moments) of trainable bfloat16 / float16 parameters "
+            "outside DeepSpeed, which keeps its own (`engine.precision`): stepped in place in bfloat16, "
+            "an update below half a weight's rounding step is lost (at lr 1e-6, 98% of a 0.5B layer's "
+            "weights unchanged after 3 steps). With several micro-batches per update their gradients "
+            "are summed in float32 too (2 bytes per parameter more while the update runs). false: the "
+            "parameters stepped, and gradients summed, in their own dtype (8 bytes per parameter less "
+            "with AdamW)"
+        ),
+    )
+    guards: GuardsConfig = setting(GuardsConfig, "collapse monitors and what a trip does (GuardsConfig)")
+    async_rollout: AsyncRolloutConfig = setting(
+        AsyncRolloutConfig,
+        "asynchronous partial rollouts under a staleness cap (`searchrl.rollout.async_rollout`)",
+    )
+    samples: SamplesConfig = setting(
+        SamplesConfig,
+        ("a sample of each step's batch as the loss saw it, in samples/ (`searchrl view`'s training view)"),
+    )
 
     def __post_init__(self) -> None:
         if self.schedule == "wsd" and not 0 < self.decay_fraction <= 1:
@@ -472,12 +769,15 @@ class TrainerConfig:
 class WarmStartConfig:
     """SFT on the synthetic world's teacher before the main algorithm (the quickstart's first stage)."""
 
-    checkpoint: str | None = None  # an existing SFT model directory to start from instead of training
-    # teacher trajectories per train question (each pass: new noise and names)
-    teacher_passes: int = ranged(4, AT_LEAST_1)
-    args: dict[str, Any] = field(default_factory=dict)  # SFT algorithm arguments, e.g. {loss_on: all}
-    trainer: TrainerConfig = field(
-        default_factory=lambda: TrainerConfig(
+    checkpoint: str | None = setting(
+        None, "an existing SFT model directory to start from instead of training"
+    )
+    teacher_passes: int = setting(
+        4, "teacher trajectories per train question (each pass: new noise and names)", AT_LEAST_1
+    )
+    args: dict[str, Any] = setting(dict, "SFT algorithm arguments, e.g. {loss_on: all}")
+    trainer: TrainerConfig = setting(
+        lambda: TrainerConfig(
             steps=600,
             batch_size=32,
             micro_batch_size=32,
@@ -485,47 +785,71 @@ class WarmStartConfig:
             warmup_steps=30,
             schedule="cosine",
             eval_split="dev",
-        )
+        ),
+        "the warm start's own trainer section (its steps, learning rate and schedule)",
     )
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    split: Literal["train", "dev", "test"] = "test"
-    limit: int | None = ranged(None, AT_LEAST_1)
-    agent: Literal["policy", "teacher", "prm"] = "policy"  # greedy policy, scripted oracle, PRM best-of-N
-    temperature: float = ranged(0.0, AT_LEAST_0)  # 0: greedy
-    best_of: tuple[int, ...] = (4, 8)  # N of the PRM-guided agent (RAG-Gym Algorithm 1)
-    # sampling temperature of its candidates (RAG-Gym: 1.0)
-    best_of_temperature: float = ranged(1.0, AT_LEAST_0)
-    prm: str | None = None  # the PRM model directory for agent "prm" (default: the run's final model)
-    # an LLM answer judge (rewards/answer_judge.py: backend, model, url, ...): evaluation then also reports
-    # judge_acc, gen_acc (cover EM or the judge), judge_failures and judge_em_agreement; null: not asked
-    judge: dict[str, Any] | None = None
+    split: Literal["train", "dev", "test"] = setting("test", "the split the final evaluation reads")
+    limit: int | None = setting(None, "questions evaluated; null: all", AT_LEAST_1)
+    agent: Literal["policy", "teacher", "prm"] = setting(
+        "policy", "greedy policy, scripted oracle, PRM best-of-N"
+    )
+    temperature: float = setting(0.0, "0: greedy", AT_LEAST_0)
+    best_of: tuple[int, ...] = setting((4, 8), "N of the PRM-guided agent (RAG-Gym Algorithm 1)")
+    best_of_temperature: float = setting(
+        1.0, "sampling temperature of its candidates (RAG-Gym: 1.0)", AT_LEAST_0
+    )
+    prm: str | None = setting(
+        None, 'the PRM model directory for agent "prm" (default: the run\'s final model)'
+    )
+    judge: dict[str, Any] | None = setting(
+        None,
+        (
+            "an LLM answer judge (rewards/answer_judge.py: backend, model, url, ...): evaluation then "
+            "also reports judge_acc, gen_acc (cover EM or the judge), judge_failures and "
+            "judge_em_agreement; null: not asked"
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class ProcessDataConfig:
     """RAG-Gym process-data collection (`searchrl collect-process-data`) and where DPO/PRM/SFT read it."""
 
-    out: str | None = None  # the collected dataset's directory (written by collection, read by training)
-    n: int = ranged(4, AT_LEAST_1)  # candidate actions per step
-    annotator: str = field(default="rule", metadata={"registry": "annotators"})
-    annotator_args: dict[str, Any] = field(default_factory=dict)
-    chosen_min: float = 1.0  # candidates scoring at least this are "chosen" …
-    rejected_max: float = -1.0  # … at most this "rejected"; every chosen x rejected pair of a step is kept
-    split: Literal["train", "dev", "test"] = "train"
-    limit: int | None = ranged(None, AT_LEAST_1)
-    temperature: float = ranged(1.0, AT_LEAST_0)
+    out: str | None = setting(
+        None, "the collected dataset's directory (written by collection, read by training)"
+    )
+    n: int = setting(4, "candidate actions per step", AT_LEAST_1)
+    annotator: str = setting(
+        "rule",
+        ("who scores the candidate actions: rule (the world's facts), judge (an LLM), or a dotted path"),
+        registry="annotators",
+    )
+    annotator_args: dict[str, Any] = setting(dict, "the annotator's keyword arguments")
+    chosen_min: float = setting(1.0, 'candidates scoring at least this are "chosen" …')
+    rejected_max: float = setting(
+        -1.0, '… at most this "rejected"; every chosen x rejected pair of a step is kept'
+    )
+    split: Literal["train", "dev", "test"] = setting("train", "the split whose questions are collected")
+    limit: int | None = setting(None, "questions collected; null: all", AT_LEAST_1)
+    temperature: float = setting(1.0, "sampling temperature of the candidate actions", AT_LEAST_0)
 
 
 @dataclass(frozen=True)
 class DistributedConfig:
     """Multi-process runs (`accelerate launch`)."""
 
-    # seconds a collective operation may wait for the other processes before the run fails with an error
-    # naming the step and phase (instead of hanging); null: 300 on CPU, 1800 on GPU
-    timeout: float | None = ranged(None, POSITIVE)
+    timeout: float | None = setting(
+        None,
+        (
+            "seconds a collective operation may wait for the other processes before the run fails with "
+            "an error naming the step and phase (instead of hanging); null: 300 on CPU, 1800 on GPU"
+        ),
+        POSITIVE,
+    )
 
 
 # config keys that were renamed or moved, with where they live now (the error message says so)
@@ -541,21 +865,29 @@ RENAMED_KEYS = {
 
 @dataclass(frozen=True)
 class Experiment:
-    name: str = "experiment"
-    output_dir: str = "runs/{name}"  # {name} is filled in
-    seed: int = 0
-    data: DataConfig = field(default_factory=DataConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    teacher: TeacherConfig = field(default_factory=TeacherConfig)
-    algorithm: AlgorithmConfig | None = None
-    rewards: tuple[RewardSpec, ...] = ()
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    warm_start: WarmStartConfig | None = None
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    process_data: ProcessDataConfig = field(default_factory=ProcessDataConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    name: str = setting("experiment", "the experiment's name (fills output_dir's {name})")
+    output_dir: str = setting("runs/{name}", "{name} is filled in")
+    seed: int = setting(0, "the run's seed (model initialisation, sampling, data order)")
+    data: DataConfig = setting(DataConfig, "where the questions and the corpus come from (DataConfig)")
+    env: EnvConfig = setting(EnvConfig, "the search environment (EnvConfig)")
+    model: ModelConfig = setting(ModelConfig, "the policy model (ModelConfig)")
+    teacher: TeacherConfig = setting(TeacherConfig, "the synthetic world's scripted teacher (TeacherConfig)")
+    algorithm: AlgorithmConfig | None = setting(
+        None, "the training algorithm and its keys; null: evaluation only"
+    )
+    rewards: tuple[RewardSpec, ...] = setting(
+        (), "the rewards summed into each episode's reward (RewardSpec each)"
+    )
+    rollout: RolloutConfig = setting(RolloutConfig, "how episodes are sampled (RolloutConfig)")
+    trainer: TrainerConfig = setting(TrainerConfig, "the training loop (TrainerConfig)")
+    warm_start: WarmStartConfig | None = setting(
+        None, "SFT on the teacher before the algorithm (WarmStartConfig); null: none"
+    )
+    eval: EvalConfig = setting(EvalConfig, "the final evaluation (EvalConfig)")
+    process_data: ProcessDataConfig = setting(
+        ProcessDataConfig, "RAG-Gym process-data collection (ProcessDataConfig)"
+    )
+    distributed: DistributedConfig = setting(DistributedConfig, "multi-process runs (DistributedConfig)")
 
     @property
     def out(self) -> Path:
