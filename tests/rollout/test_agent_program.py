@@ -405,6 +405,48 @@ def test_the_endpoint_records_sessions_reads_calls_and_refuses_past_its_budget(s
     assert status == 409 and "ran out of time" in out["error"]["message"]
 
 
+def test_streamed_replies_accumulate_to_the_unstreamed_reply(served):
+    """``stream: true`` (agent frameworks stream by default): the openai client's streamed chunks, accumulated
+    as frameworks do, give the unstreamed reply (text, tool calls, finish reason, usage), and the call is
+    recorded as sampled."""
+    from openai import OpenAI
+
+    url, ep = served
+    client = OpenAI(base_url=url + "/s/st/v1", api_key="unused")
+    params = {"type": "object", "properties": {"q": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": params}}]
+    msgs = [{"role": "user", "content": "tools?"}]
+    plain = client.chat.completions.create(model="policy", messages=msgs, tools=tools)
+    chunks = client.chat.completions.create(
+        model="policy", messages=msgs, tools=tools, stream=True, stream_options={"include_usage": True}
+    )
+    content, calls, finish, usage, role = "", {}, None, None, None
+    for ch in chunks:
+        usage = ch.usage or usage
+        for c in ch.choices:
+            role = c.delta.role or role
+            content += c.delta.content or ""
+            for tc in c.delta.tool_calls or []:
+                calls[tc.index] = (tc.id, tc.function.name, tc.function.arguments)
+            finish = c.finish_reason or finish
+    m = plain.choices[0].message
+    assert m.tool_calls and [(c.function.name, c.function.arguments) for c in m.tool_calls] == [
+        (name, args) for _, name, args in calls.values()
+    ]
+    assert all(i.startswith("call_") for i, _, _ in calls.values())
+    assert role == "assistant" and (content or None) == m.content
+    assert finish == plain.choices[0].finish_reason == "tool_calls"
+    assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens
+    first, second = ep.sessions["st"].calls
+    assert second.completion_ids == first.completion_ids and second.finish == "tool_calls"
+    text = "".join(
+        c.choices[0].text for c in client.completions.create(model="policy", prompt="Hi", stream=True)
+    )
+    assert text.startswith("hello") and len(ep.sessions["st"].calls) == 3
+    status, out = post(url + "/v1/chat/completions", {"messages": msgs, "stream": "yes"})
+    assert status == 400 and "'stream' must be true or false" in out["error"]["message"]
+
+
 def test_a_prompt_longer_than_the_context_is_refused_and_ends_the_session(qwen_tok):
     from searchrl.rollout.policy_endpoint import PolicyEndpoint, Refused
 

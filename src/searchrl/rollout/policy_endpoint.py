@@ -18,7 +18,8 @@ text, reasoning, tool calls (name and arguments, a JSON string and its object al
 
 What a caller sends is input: malformed requests are answered 400 with the reason, never a stopped run; a
 session whose call budget is spent, whose context is full or that was closed (its episode's time ran out) is
-answered 400 / 409 and the reason is kept (`finish_reason`). Sampling: with ``sampling`` set (a training run)
+answered 400 / 409 and the reason is kept (`finish_reason`). ``stream: true`` is answered in OpenAI's streamed
+format once the call has been sampled and recorded (`stream_chunks`). Sampling: with ``sampling`` set (a training run)
 every call samples at the run's temperature and top-p, a request's own ignored; ``max_tokens`` only lowers the
 run's ``max_new_tokens``.
 """
@@ -236,8 +237,10 @@ class PolicyEndpoint:
         else:
             temperature = _number(body.get("temperature", 1.0), "temperature", 0.0, 2.0)
             top_p = _number(body.get("top_p", 1.0), "top_p", 1e-6, 1.0)
-        if body.get("stream"):
-            raise Refused("'stream': true is not supported; send stream: false")
+        if not isinstance(body.get("stream", False), bool):
+            raise Refused("'stream' must be true or false")
+        if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
+            raise Refused("'stream_options' must be an object such as {\"include_usage\": true}")
         return ChatRequest(session, ids, extends, min(cap, room), temperature, top_p, n, norm, tools)
 
     def _extended(
@@ -511,6 +514,47 @@ def _number(value: Any, name: str, low: float, high: float) -> float:
 # ---------------------------------------------------------------------- the HTTP app
 
 
+def stream_chunks(reply: dict[str, Any], chat: bool, usage: bool) -> list[dict[str, Any]]:
+    """A whole reply as the chunks of OpenAI's streamed format (``stream: true``). The call is sampled whole and
+    recorded before anything is sent (its ids are what the trainer uses), then streamed: per choice, the role,
+    the reasoning, the text and each tool call (id, name, arguments) as deltas, then its finish reason; with
+    ``stream_options.include_usage`` a last chunk with no choices and the usage. Accumulating the deltas, as the
+    ``openai`` client and agent frameworks do, gives the reply unstreamed."""
+    head = {k: reply[k] for k in ("id", "created", "model")}
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    out: list[dict[str, Any]] = []
+
+    def chunk(index: int, part: dict[str, Any], finish: str | None = None) -> None:
+        body = {"index": index, **part, "logprobs": None, "finish_reason": finish}
+        out.append({**head, "object": kind, "choices": [body]})
+
+    for c in reply["choices"]:
+        i = c["index"]
+        if not chat:
+            chunk(i, {"text": c["text"]})
+            chunk(i, {"text": ""}, c["finish_reason"])
+            continue
+        m = c["message"]
+        chunk(i, {"delta": {"role": "assistant", "content": ""}})
+        if m.get("reasoning_content"):
+            chunk(i, {"delta": {"reasoning_content": m["reasoning_content"]}})
+        if m.get("content"):
+            chunk(i, {"delta": {"content": m["content"]}})
+        for j, call in enumerate(m.get("tool_calls") or []):
+            chunk(i, {"delta": {"tool_calls": [{"index": j, **call}]}})
+        chunk(i, {"delta": {}}, c["finish_reason"])
+    if usage:
+        out.append({**head, "object": kind, "choices": [], "usage": reply["usage"]})
+    return out
+
+
+async def _events(chunks: list[dict[str, Any]]) -> Any:
+    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``."""
+    for c in chunks:
+        yield f"data: {json.dumps(c)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def session_of(request: Any, body: dict[str, Any]) -> str:
     """The session a call belongs to: the path's ``/s/{session}/v1/...`` (what `agent_program` hands an agent
     as its ``base_url``), else the ``X-Session-Id`` header, else the body's ``user`` field, else ``default``."""
@@ -521,7 +565,7 @@ def session_of(request: Any, body: dict[str, Any]) -> str:
 def make_policy_app(endpoint: PolicyEndpoint, name: str = "policy", timeout: float = 600.0) -> Any:
     """The ASGI app: ``POST /v1/chat/completions``, ``POST /v1/completions`` (each also under
     ``/s/{session}``), ``GET /v1/models``, ``GET /v1/sessions/{session}`` (the recorded calls), ``GET /health``."""
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     from searchrl.core.asgi import Batcher, json_app, read_json, with_timeout
@@ -540,20 +584,24 @@ def make_policy_app(endpoint: PolicyEndpoint, name: str = "policy", timeout: flo
             return JSONResponse(error(str(exc), exc.code), status_code=exc.status)
         pairs = await with_timeout(batcher.submit("generate", req), timeout)
         completion = sum(len(c.completion_ids) for c, _ in pairs)
-        return JSONResponse(
-            {
-                "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": body.get("model", name),
-                "choices": [choice for _, choice in pairs],
-                "usage": {
-                    "prompt_tokens": len(req.prompt_ids),
-                    "completion_tokens": completion,
-                    "total_tokens": len(req.prompt_ids) + completion,
-                },
-            }
-        )
+        reply = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model", name),
+            "choices": [choice for _, choice in pairs],
+            "usage": {
+                "prompt_tokens": len(req.prompt_ids),
+                "completion_tokens": completion,
+                "total_tokens": len(req.prompt_ids) + completion,
+            },
+        }
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(
+                _events(stream_chunks(reply, chat, usage)), media_type="text/event-stream"
+            )
+        return JSONResponse(reply)
 
     async def chat(request: Any) -> Any:
         return await answer(request, True)
