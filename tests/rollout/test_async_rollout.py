@@ -175,6 +175,23 @@ def test_refused_where_the_worker_cannot_run(exp, tmp_path):
         trainer_for(exp, "sft", cfg, records=[], out=tmp_path / "f")
 
 
+def test_the_trainer_and_validate_refuse_the_same_async_setups(make_exp, tmp_path):
+    """One decision (`async_rollout.refusal`), asked by `validate` and by the trainer itself: a library user who
+    builds a `Trainer` directly is refused what the file would be (the simulated retriever's curriculum)."""
+    from searchrl.app.experiment import check_arguments
+    from searchrl.core.config import AsyncRolloutConfig
+
+    exp = make_exp(
+        "algorithm={name: grpo}", "env.retriever.name=simulated", "trainer.async_rollout.max_staleness=1"
+    )
+    with pytest.raises(ConfigError, match="noise curriculum") as e:
+        check_arguments(exp)
+    assert "trainer.async_rollout.max_staleness" in str(e.value)
+    cfg = TrainerConfig(steps=2, batch_size=2, async_rollout=AsyncRolloutConfig(max_staleness=1))
+    with pytest.raises(ConfigError, match="noise curriculum"):
+        trainer_for(make_exp("env.retriever.name=simulated"), "grpo", cfg, out=tmp_path / "g")
+
+
 def async_trainer(make_exp, agent_model_dir, tmp_path, *overrides, **async_cfg):
     """GRPO for 3 steps at max_staleness 1 on the SFT'd tiny model, with a reward that varies within a group
     (so every step changes the weights the worker must receive)."""

@@ -573,12 +573,9 @@ def _check_async(exp: Experiment, online: bool, own_collect: bool, resamples: bo
     from searchrl.rollout.async_rollout import refusal
 
     assert exp.algorithm is not None
-    why = refusal(exp.algorithm.name, online, own_collect, exp.rollout.loop, resamples)
-    if why is None and exp.env.retriever.name == "simulated" and exp.trainer.async_rollout.max_staleness:
-        why = (
-            "the simulated retriever's noise curriculum follows the trainer's step, which the asynchronous "
-            "worker's copy of the retriever does not see: train it synchronously"
-        )
+    why = refusal(
+        exp.algorithm.name, online, own_collect, exp.rollout.loop, resamples, exp.env.retriever.name
+    )
     if why is not None:
         raise ConfigError(
             why,

@@ -267,6 +267,7 @@ class Trainer:
             not algo_cls.episodic,
             exp.rollout.loop,
             resamples,
+            exp.env.retriever.name,
         )
         if why is not None:
             raise ConfigError(

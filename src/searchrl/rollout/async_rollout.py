@@ -55,10 +55,12 @@ def refusal(
     own_collect: bool,
     loop: str,
     resamples: bool = False,
+    retriever: str = "bm25",
 ) -> str | None:
     """Why this version cannot run ``algorithm`` with asynchronous rollouts (None: it can). ``own_collect``:
     the algorithm replaces the episode collection (SLATE's step-level search); ``resamples``: it draws more
-    questions within a step (DAPO's dynamic sampling). Under DDP or DeepSpeed (ZeRO-3 included) each process
+    questions within a step (DAPO's dynamic sampling); ``retriever``: ``env.retriever.name``. The one place this is
+    decided: `searchrl validate` and `train` ask it before any stage runs, the trainer again when built. Under DDP or DeepSpeed (ZeRO-3 included) each process
     runs its own worker on its own share of each step's questions, on a whole copy of the policy (HF backend)
     or on its vLLM engine, either of which gets the trainer's weights after every update."""
     if not online:
@@ -78,6 +80,11 @@ def refusal(
         return (
             "the rollout worker runs the per-episode loop (rollout.loop: episode; episodes join and leave "
             f"the running batch one by one), not loop '{loop}'"
+        )
+    if retriever == "simulated":
+        return (
+            "the simulated retriever's noise curriculum follows the trainer's step, which the asynchronous "
+            "worker's copy of the retriever does not see: train it synchronously"
         )
     return None
 
