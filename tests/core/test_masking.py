@@ -84,10 +84,14 @@ def test_select_and_trim_keep_rows_aligned():
     )
     b = build_batch([t1, t2], PAD)
     b.extras.more["adv"] = b.loss_mask * 2
+    b.extras.more_tokens.add("adv")  # declared token-aligned: cut with the batch
+    # per step slot, as wide as the batch by chance (4 slots, 4 tokens): not token-aligned, kept whole
+    b.extras.more["per_slot"] = torch.arange(8.0).view(2, 4)
     s = b.select([1])
     assert s.rewards.tolist() == [1.0] and s.extras.more["adv"].shape == (1, 4)
     tr = b.select([0]).trim(3)
     assert tr.input_ids.tolist() == [[1, 2, 3]] and tr.extras.more["adv"].shape == (1, 3)
+    assert tr.extras.more["per_slot"].tolist() == [[0.0, 1.0, 2.0, 3.0]]
     assert tr.step_ends.tolist() == b.step_ends[:1].tolist()
 
 

@@ -187,6 +187,19 @@ class BatchExtras:
     sample_row: torch.Tensor | None = None  # (B,) each row's index in the step's batch (`engine.samples`)
     # an algorithm's own: (B, T) token-aligned, (B,) per row, or (B, S) per step slot
     more: dict[str, torch.Tensor] = field(default_factory=dict)
+    more_tokens: set[str] = field(default_factory=set)  # the keys of ``more`` that are (B, T) token-aligned
+
+    # the named fields that are (B, T) token-aligned: cut with the batch's columns (`RolloutBatch.trim`)
+    TOKEN_FIELDS = (
+        "old_logp",
+        "ref_logp",
+        "old_values",
+        "advantages",
+        "returns",
+        "is_weight",
+        "norm_mask",
+        "versions",
+    )
 
     def need(self, name: str) -> torch.Tensor:
         """Field ``name``, which the reader cannot go without: an error naming it when the batch has none (the
@@ -199,7 +212,17 @@ class BatchExtras:
     def map(self, fn: Any) -> BatchExtras:
         """``fn(tensor)`` applied to every tensor present (rows selected, columns cut, a device move)."""
         kept = {f.name: fn(v) for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)}
-        return BatchExtras(**kept, more={k: fn(v) for k, v in self.more.items()})
+        return BatchExtras(
+            **kept, more={k: fn(v) for k, v in self.more.items()}, more_tokens=set(self.more_tokens)
+        )
+
+    def cut(self, width: int) -> BatchExtras:
+        """The token-aligned tensors cut to their first ``width`` columns, by what each is declared to be (the
+        named token fields, ``more_tokens``), never by its shape: per-row and per-step-slot tensors stay whole."""
+        cut = {f: v[:, :width] for f in self.TOKEN_FIELDS if (v := getattr(self, f)) is not None}
+        kept = {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)}
+        more = {k: v[:, :width] if k in self.more_tokens else v for k, v in self.more.items()}
+        return BatchExtras(**{**kept, **cut}, more=more, more_tokens=set(self.more_tokens))
 
 
 @dataclass
@@ -235,12 +258,9 @@ class RolloutBatch:
     def trim(self, width: int) -> RolloutBatch:
         """The first ``width`` positions (right padding past the longest row can be dropped)."""
         fields = {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
-        T = self.input_ids.shape[1]
         for k in self.TOKEN_FIELDS:
             fields[k] = fields[k][:, :width]
-        # token-aligned extras are cut with the batch; per-row and per-step-slot ones are kept whole
-        cut = lambda v: v[:, :width] if v.dim() == 2 and v.shape[1] == T else v  # noqa: E731
-        return RolloutBatch(**fields, extras=self.extras.map(cut))
+        return RolloutBatch(**fields, extras=self.extras.cut(width))
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         fields = {k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
