@@ -119,10 +119,14 @@ def test_a_loss_with_a_setting_is_one_function_and_its_declaration(tmp_path, mon
 
     (tmp_path / "my_losses.py").write_text(USER_LOSS)
     monkeypatch.syspath_prepend(str(tmp_path))
+    import my_losses
+
+    from searchrl.algorithms.objective import arguments
+
     conf = GRPOConfig(policy_loss="my_losses:scaled")
-    assert conf.policy_loss_args == {"scale": 2.0}  # the declared default
+    assert arguments(conf, my_losses.scaled) == {"scale": 2.0}  # the declared default
     conf = algorithm_config("grpo", {"policy_loss": "my_losses:scaled", "policy_loss_args": {"scale": 3}})
-    assert conf.policy_loss_args == {"scale": 3.0}
+    assert arguments(conf, my_losses.scaled) == {"scale": 3.0}
     logp, adv = torch.tensor([[-1.0, -2.0]]), torch.tensor([[1.0, 1.0]])
     loss, _ = POLICY_LOSSES.get(conf.policy_loss)(logp, logp, adv, torch.ones(1, 2), conf)
     assert torch.equal(loss, torch.tensor([[3.0, 6.0]]))
@@ -135,7 +139,7 @@ def test_a_loss_with_a_setting_is_one_function_and_its_declaration(tmp_path, mon
                 make_exp("algorithm.policy_loss=my_losses:scaled", f"algorithm.policy_loss_args={args}")
             )
     # without a declaration: no arguments, any aggregation
-    assert GRPOConfig(policy_loss="my_losses:plain").policy_loss_args == {}
+    assert arguments(GRPOConfig(policy_loss="my_losses:plain"), my_losses.plain) == {}
     with pytest.raises(ValueError, match="its arguments: none"):
         GRPOConfig(policy_loss="my_losses:plain", policy_loss_args={"scale": 1.0})
 
@@ -155,7 +159,7 @@ def test_a_users_declaration_registers_no_name(tmp_path, monkeypatch):
     mod = importlib.import_module("clash_losses")
     assert (POLICY_LOSSES.names(), ADVANTAGES.names()) == before
     assert POLICY_LOSSES.get("sapo") is not mod.sapo
-    assert GRPOConfig(policy_loss="clash_losses:sapo").policy_loss_args == {}
+    GRPOConfig(policy_loss="clash_losses:sapo")  # its own declaration: no arguments, any aggregation
 
 
 def test_estimators_declare_their_level_and_group():

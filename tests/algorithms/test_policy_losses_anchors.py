@@ -9,6 +9,7 @@ and the loss normalisation over micro-batches and processes. References are writ
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -267,7 +268,10 @@ def test_sapo_temperatures_must_be_positive():
     with pytest.raises(ValueError, match="its arguments: none"):
         GRPOConfig(policy_loss="clip", policy_loss_args={"tau_pos": 1.0})
     c = GRPOConfig(policy_loss="sapo", loss_agg="seq-mean-token-mean", policy_loss_args={"tau_neg": 2})
-    assert c.policy_loss_args == {"tau_pos": 1.0, "tau_neg": 2.0}  # the declared default fills the rest
+    from searchrl.algorithms.objective import arguments
+
+    assert arguments(c, "sapo") == {"tau_pos": 1.0, "tau_neg": 2.0}  # the declared default fills the rest
+    assert replace(c, policy_loss="clip", loss_agg="token-mean", policy_loss_args={}).policy_loss == "clip"
 
 
 # ------------------------------------------------------------------------------------------- DAPO

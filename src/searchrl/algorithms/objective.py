@@ -153,16 +153,14 @@ def arguments(cfg: Any, loss: str | Callable[..., Any]) -> dict[str, float]:
     return {k: float(given.get(k, s.default)) for k, s in decl.settings.items()}
 
 
-def loss_arguments(
-    name: str, loss_agg: str, dual_clip: float | None, args: dict[str, Any]
-) -> dict[str, float]:
-    """Check a config's policy loss against its declaration and return its arguments with the declared defaults
-    filled in; a ValueError says which key is wrong and what it may be. An unknown name is left to the registry's
-    check (`searchrl.app.experiment`), which names the key and the valid losses."""
+def check_loss(name: str, loss_agg: str, dual_clip: float | None, args: dict[str, Any]) -> None:
+    """Check a config's policy loss and its arguments against the loss's declaration; a ValueError says which key
+    is wrong and what it may be. An unknown name is left to the registry's check (`searchrl.app.experiment`),
+    which names the key and the valid losses."""
     try:
         decl = declaration_of(name)
     except RegistryError:
-        return dict(args)
+        return
     if decl.loss_agg is not None and loss_agg != decl.loss_agg:
         what = "a per-sequence objective" if decl.sequence_level else "averaged per sequence"
         raise ValueError(
@@ -181,7 +179,6 @@ def loss_arguments(
         raise ValueError(
             f"policy_loss_args.{unknown[0]}: policy_loss '{name}' takes no such argument (its arguments: {valid})"
         )
-    out: dict[str, float] = {}
     for key, s in decl.settings.items():
         value = args.get(key, s.default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -192,8 +189,6 @@ def loss_arguments(
             raise ValueError(
                 f"policy_loss_args.{key} of policy_loss '{name}' must be {s.range[1]}, got {value}"
             )
-        out[key] = float(value)
-    return out
 
 
 @dataclass(frozen=True)
@@ -247,8 +242,7 @@ class PolicyObjective:
     )
 
     def __post_init__(self) -> None:
+        # the arguments stay as given (a replaced policy_loss keeps none of the old one's defaults); the loss
+        # reads them with its declared defaults filled in (`arguments`)
         check_ranges(self)
-        args = loss_arguments(
-            self.policy_loss, self.loss_agg, self.dual_clip, dict(self.policy_loss_args or {})
-        )
-        object.__setattr__(self, "policy_loss_args", args)
+        check_loss(self.policy_loss, self.loss_agg, self.dual_clip, dict(self.policy_loss_args or {}))
