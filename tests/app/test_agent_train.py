@@ -36,8 +36,15 @@ def test_grpo_trains_an_agent_program_through_the_endpoint(tmp_path, world_dir, 
     smol = program.startswith("smolagents")
     pytest.importorskip("smolagents" if smol else "openai")
     # smolagents' own system prompt is ~1,100 tokens of English: Qwen2.5's vocabulary, a longer context, and
-    # fewer episodes (each of its calls sends the whole prompt again)
-    extra = ["model.tokenizer=qwen2.5", "rollout.max_total_tokens=2048", "eval.limit=2"] if smol else []
+    # fewer episodes (each of its calls sends the whole prompt again); the warm start's head over the 151,936 rows
+    # as a sampled softmax, and its evaluation on 2 questions (it took 3.4 of the test's 7 minutes without them)
+    smol_extra = [
+        "model.tokenizer=qwen2.5",
+        "rollout.max_total_tokens=2048",
+        "eval.limit=2",
+        "warm_start.args={loss_on: all, sampled_softmax: 256}",
+        "warm_start.trainer.eval_limit=2",
+    ]
     out = tmp_path / "agent"
     main(
         [
@@ -45,11 +52,11 @@ def test_grpo_trains_an_agent_program_through_the_endpoint(tmp_path, world_dir, 
             str(AGENT_FILE),
             *overrides(world_dir, out),
             f"env.agent_program.function={program}",
-            *extra,
             "warm_start.teacher_passes=1",
             "warm_start.trainer={steps: 4, batch_size: 8, micro_batch_size: 8, lr: 4.0e-3, save_every: 4}",
             f"trainer={{steps: 2, batch_size: {1 if smol else 2}, micro_batch_size: 8, lr: 1.0e-4, save_every: 2}}",
             "algorithm.group_size=4",
+            *(smol_extra if smol else []),
         ]
     )
     assert set(json.loads((out / "results.json").read_text())) == {"untrained", "sft", "grpo"}
