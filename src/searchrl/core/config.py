@@ -368,7 +368,7 @@ class EnvConfig:
             "<tool_call> JSON and answers in a final message; envs/tool_env.py). tools needs a chat "
             "prompt (env.template: tools, short_chat, ...) or agent: a user's agent program drives the "
             "model through an OpenAI-compatible endpoint (env.agent_program, rollout/agent_program.py); "
-            "it renders through the chat template like tools Each names an entry of the environment "
+            "it renders through the chat template like tools. Each names an entry of the environment "
             'registry (app/environments.py); "pkg.module:build" names your own.'
         ),
         registry="environments",
