@@ -5,12 +5,7 @@ The trainer aggregates them with `functional.token_weights`, so every loss here 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    pass
 
 
 def clipped_policy_loss(

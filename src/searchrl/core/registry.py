@@ -39,8 +39,8 @@ class Registry(Generic[T]):
     """Name -> object. Registering the same name twice is an error."""
 
     def __init__(self, kind: str, sources: tuple[str, ...] = ()) -> None:
-        """``sources``: modules whose definitions register themselves (a decorator at each definition); they are
-        imported at the first lookup, so they must load cheaply (no torch at import)."""
+        """``sources``: modules whose definitions register themselves (a decorator at each definition), imported at
+        the first lookup (the policy losses' module loads without torch, so their names are read without it)."""
         self.kind = kind
         self._objects: dict[str, T] = {}
         self._lazy: dict[str, str] = {}
