@@ -27,6 +27,13 @@
 #                  each step's breakdown (collection, training, decode graphs captured)
 #   prefix S...    issue 67: prefix_training.py's instruct shapes (1,024- and 2,048-token prompts, groups of 8)
 #                  at shape S, all layers, bf16: padded, packed and shared-prefix training passes
+#   prefix-tests   tests/models/test_prefix_gpu.py (the prefix tree equals the padded batch on the GPU: float32,
+#                  full and LoRA, Qwen2.5's vocabulary; bf16 gaps printed) and the packed/shared training-step
+#                  equality tests of tests/models/test_packing.py, whose trainer takes the GPU
+#   step-alloc     step_time.py, ours with rollout.compile + prefix_sharing only, 6 steps: the caching
+#                  allocator as it comes, then with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+#   prefix-profile S   prefix_training.py at the 2,048-token instruct shape, shape S: the layout's construction
+#                  timed apart (--breakdown) and one profiled round per mode (top operators by GPU time)
 #
 # Issue 53's whole GPU part, as one command (within 10 minutes on one GPU):
 #   bash benchmarks/gpu_session.sh --budget 560 env models qwen2.5-0.5b qwen2.5-1.5b graph-tests \
@@ -160,6 +167,22 @@ print('GPU libraries imported:', sorted({m.split('.')[0] for m in sys.modules} &
       for s in "${sizes[@]}"; do
         run 200 "prefix $s" $PY benchmarks/prefix_training.py --shapes instruct-1024 instruct-2048 --size "$s" \
           --layers 0 --device cuda --dtype bfloat16 --repeats 3 --out "$RES/$GPU-prefix_training-$s.json"
+      done ;;
+    prefix-tests)
+      run 200 prefix-tests $PY -m pytest -q -s -m gpu -p no:cacheprovider tests/models/test_prefix_gpu.py
+      run 200 prefix-step-tests $PY -m pytest -q -p no:cacheprovider -m numerics tests/models/test_packing.py \
+        -k "training_step or slate_step" ;;
+    step-alloc)
+      run 120 step-alloc-default $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda \
+        --dtype bfloat16 --steps 6 --order compiled --out "$RES" --tag "$GPU-step_time-alloc-default-qwen2.5-0.5b"
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True run 120 step-alloc-expandable $PY benchmarks/step_time.py \
+        --model "$(model qwen2.5-0.5b)" --device cuda --dtype bfloat16 --steps 6 --order compiled --out "$RES" \
+        --tag "$GPU-step_time-alloc-expandable-qwen2.5-0.5b" ;;
+    prefix-profile)
+      for s in "${sizes[@]}"; do
+        run 150 "prefix-profile $s" $PY benchmarks/prefix_training.py --shapes instruct-2048 --size "$s" \
+          --layers 0 --device cuda --dtype bfloat16 --repeats 3 --breakdown --profile "$RES/profile-$s" \
+          --out "$RES/$GPU-prefix_training-breakdown-$s.json"
       done ;;
     *) echo "unknown step $step" | tee -a "$LOG" ;;
   esac

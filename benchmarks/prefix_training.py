@@ -12,7 +12,7 @@ sharing in one run:
   with a 1,024- or 2,048-token instruct prompt and 256 tokens each after it; micro-batches of 8.
 
 Modes: ``padded`` (the default trainer), ``packed`` (``trainer.packing``, no sharing), ``shared`` (packing and
-sharing). Micro-batches are cut in token order (what the trainer does with sharing on) for all three. Each
+sharing), and on a GPU ``flex`` (sharing through FlexAttention's block mask, ``trainer.prefix_attention: flex``). Micro-batches are cut in token order (what the trainer does with sharing on) for all three. Each
 (shape, mode) runs in its own process (its peak resident memory is its own); the first round warms up, the
 best of ``--repeats`` is kept. Writes benchmarks/results/prefix_training.json.
 
@@ -41,7 +41,7 @@ SHAPES = {
     "instruct-1024": ("0.5b", 1, 8, 0, 1024, (256, 256), 8),
     "instruct-2048": ("0.5b", 1, 8, 0, 2048, (256, 256), 8),
 }
-MODES = ("padded", "packed", "shared")
+MODES = ("padded", "packed", "shared", "flex")  # flex: on a GPU only (FlexAttention has no CPU backward)
 
 
 def model_of(
@@ -123,6 +123,22 @@ def one(shape: str, mode: str, a: argparse.Namespace) -> dict:
     gpu = {}
     if a.device == "cuda":
         gpu = {"peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+    if a.breakdown and mode != "padded":  # the layout's share, measured in rounds of their own
+        layout: list[float] = []
+        synced = timed_passes(model, batches, mode, repeats, layout)[0]
+        i = min(range(1, len(synced)), key=synced.__getitem__)
+        gpu |= {"s_per_batch_synced": round(synced[i], 3), "layout_s": round(layout[i], 3)}
+    if a.profile:  # one more round under torch.profiler: the operators that took the time
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+        with profile(activities=acts) as prof:
+            timed_passes(model, batches, mode, 0)
+        key = "cuda_time_total" if a.device == "cuda" else "cpu_time_total"
+        Path(a.profile).mkdir(parents=True, exist_ok=True)
+        (Path(a.profile) / f"{a.size}-{shape}-{mode}.txt").write_text(
+            prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70)
+        )
     return {
         "shape": shape,
         "mode": mode,
@@ -149,6 +165,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "prefix_training.json"))
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the packed layouts' construction (pack_shared, the mask) apart, the device synchronised",
+    )
+    p.add_argument(
+        "--profile", default="", help="a folder: one profiled round per (shape, mode), top operators"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if not a.child and not a.model and any(SHAPES[s][0] == "tiny" for s in a.shapes):
@@ -158,11 +182,13 @@ def main() -> None:
         print(json.dumps(one(spec["shape"], spec["mode"], a)))
         return
     results = []
+    modes = MODES if a.device == "cuda" else MODES[:3]
     for shape in a.shapes:
-        for mode in MODES:
+        for mode in modes:
             cmd = [sys.executable, __file__, "--model", a.model, "--layers", str(a.layers), "--size", a.size]
             cmd += ["--device", a.device, "--dtype", a.dtype]
             cmd += ["--repeats", str(a.repeats), "--seed", str(a.seed)]
+            cmd += ["--breakdown"] * a.breakdown + (["--profile", a.profile] if a.profile else [])
             cmd += ["--child", json.dumps({"shape": shape, "mode": mode})]
             out = (
                 subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -173,7 +199,12 @@ def main() -> None:
             results.append(r)
             print(
                 f"{shape:14s} {mode:7s}: {r['s_per_batch']:8.2f} s, {r['tokens_per_s']:9.0f} tok/s, "
-                f"{r['tokens_run']:7d} tokens run for {r['real_tokens']} real, peak RSS {r['peak_rss_mb']} MB",
+                f"{r['tokens_run']:7d} tokens run for {r['real_tokens']} real, peak RSS {r['peak_rss_mb']} MB"
+                + (
+                    f", layout {r['layout_s']} of {r['s_per_batch_synced']} s synced"
+                    if "layout_s" in r
+                    else ""
+                ),
                 flush=True,
             )
     speedups = {}
@@ -183,6 +214,10 @@ def main() -> None:
             "shared_vs_packed": round(by["packed"]["s_per_batch"] / by["shared"]["s_per_batch"], 2),
             "shared_vs_padded": round(by["padded"]["s_per_batch"] / by["shared"]["s_per_batch"], 2),
         }
+        if "flex" in by:
+            speedups[shape]["flex_vs_padded"] = round(
+                by["padded"]["s_per_batch"] / by["flex"]["s_per_batch"], 2
+            )
     summary = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",

@@ -81,35 +81,89 @@ def one(model_dir: str, rows: list[tuple[int, int, int]], micro: int, mode: str,
     }
 
 
-def timed_passes(model, batches: list, mode: str, repeats: int) -> tuple[list[float], int]:
+TREE_ATTENTION = "bench_tree"
+
+
+def _tree_attention(module, query, key, value, attention_mask, **kwargs):
+    """FlexAttention where the mask is a block mask, transformers' SDPA kernel for every other mask."""
+    from torch.nn.attention.flex_attention import BlockMask
+    from transformers.integrations.flex_attention import flex_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if isinstance(attention_mask, BlockMask):
+        return flex_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def use_tree_attention(model) -> None:
+    """Mode ``flex``: ``model`` (a transformers model loaded with SDPA, on a CUDA device: FlexAttention has no
+    backward on a CPU; head size a power of two, for its Triton kernel) given `_tree_attention`. Measured on an
+    H200 against the dense tree mask through cuDNN's SDPA and not adopted by the trainer (docs/benchmarks.md)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    if model.config._attn_implementation != "sdpa" or not next(model.parameters()).is_cuda:
+        raise SystemExit("mode flex needs a CUDA device and a model loaded with SDPA")
+    AttentionInterface.register(TREE_ATTENTION, _tree_attention)
+    AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(TREE_ATTENTION)
+
+
+def block_mask(mask, kind, dtype):
+    """The (R, 1, C, C) boolean tree mask as FlexAttention's block mask (blocks of 128 × 128 that no query
+    sees are skipped)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    R, _, C, _ = mask.shape
+    return create_block_mask(lambda b, h, q, kv: mask[b, 0, q, kv], R, None, C, C, device=str(mask.device))
+
+
+def timed_passes(
+    model, batches: list, mode: str, repeats: int, layout: list[float] | None = None
+) -> tuple[list[float], int]:
     """Seconds of each round of forward + backward passes over ``batches`` ((ids, attention, loss mask) each),
-    padded, packed or packed with shared prefixes (``mode``), the first round a warm-up; and the tokens run."""
+    padded, packed, or packed with shared prefixes (``mode``: shared with the dense tree mask, flex with
+    FlexAttention's block mask), the first round a warm-up; and the tokens run.
+    ``layout``: if given, each round's seconds spent building the packed layout and its attention mask are
+    appended to it (the device synchronised around that part, which the plain timing does not do)."""
     import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
     from searchrl.core.functional import masked_sum
     from searchrl.models.packing import pack
     from searchrl.models.policy import forward_lean
     from searchrl.models.prefix import attention_for, pack_shared
 
-    kind = model.config._attn_implementation
+    kind, to_kernel = model.config._attn_implementation, attention_for
+    if mode == "flex":  # the dense tree mask as FlexAttention's block mask
+        use_tree_attention(model)
+        to_kernel = block_mask
     times, run_tokens = [], 0
     for _ in range(repeats + 1):  # the first round warms up
-        t0, run_tokens = time.perf_counter(), 0
+        t0, run_tokens, built = time.perf_counter(), 0, 0.0
         for ids, attn, mask in batches:
             if mode == "padded":
                 lp, _, _ = forward_lean(model, ids, attn, mask, 1.0)
                 m, run_tokens = mask, run_tokens + ids.numel()
             else:
-                p = pack_shared(ids, attn, mask) if mode == "shared" else None
+                if layout is not None:
+                    sync()
+                    t1 = time.perf_counter()
+                p = pack_shared(ids, attn, mask) if mode in ("shared", "flex") else None
                 p = p or pack(ids, attn, mask)
-                a = None if p.attention is None else attention_for(p.attention, kind, model.dtype)
+                a = None if p.attention is None else to_kernel(p.attention, kind, model.dtype)
+                if layout is not None:
+                    sync()
+                    built += time.perf_counter() - t1
                 lp, _, _ = forward_lean(model, p.input_ids, a, p.loss_mask, 1.0, position_ids=p.position_ids)
                 m, run_tokens = p.loss_mask, run_tokens + p.input_ids.numel()
             masked_sum(lp, m).backward()
             model.zero_grad(set_to_none=True)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # a GPU runs asynchronously: wait before reading the clock
+        sync()  # a GPU runs asynchronously: wait before reading the clock
         times.append(time.perf_counter() - t0)
+        if layout is not None:
+            layout.append(built)
     return times, run_tokens
 
 

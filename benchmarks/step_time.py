@@ -274,6 +274,7 @@ def main() -> None:
                 "group_size": exp.algorithm.args["group_size"],
                 "micro_batch": a.micro,
                 "reserve_gb": a.reserve_gb,
+                "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             },
             indent=1,
         )

@@ -177,3 +177,14 @@ def qwen_tok(qwen_tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir))
+
+
+@pytest.fixture
+def no_tf32():
+    """Float32 matrix products on a GPU in full precision (no TF32) for the test, restored after it."""
+    import torch
+
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old

@@ -89,3 +89,15 @@ def qwen_model():
         eos_token_id=[151645, 151643],
     )
     return Qwen2ForCausalLM(cfg).eval()
+
+
+def gpu_only() -> list:
+    """The marks of a test module that runs on a CUDA GPU only, in float32 without TF32."""
+    import pytest
+    import torch
+
+    return [
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        pytest.mark.usefixtures("no_tf32"),  # tests/conftest.py
+    ]

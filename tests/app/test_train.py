@@ -119,3 +119,20 @@ def test_same_seed_same_machine_gives_identical_runs(tmp_path, world_dir, tiny_m
     a, b = run(tmp_path / "a"), run(tmp_path / "b")
     assert a[0] == b[0] and a[1] == b[1]
     assert a[2].keys() == b[2].keys() and all(torch.equal(a[2][k], b[2][k]) for k in a[2])
+
+
+def test_training_processes_grow_cuda_segments_unless_the_user_chose(make_exp):
+    """`default_cuda_allocator`: expandable segments for a training process (the H200's slow second step,
+    docs/benchmarks.md), never over the user's own PYTORCH_CUDA_ALLOC_CONF (an empty one included), and not
+    beside vLLM's sleep mode, whose memory pool refuses them."""
+    from searchrl.app.train import ALLOC_CONF, default_cuda_allocator
+
+    exp = make_exp()
+    env: dict[str, str] = {}
+    assert default_cuda_allocator(exp, env) == "expandable_segments:True" == env[ALLOC_CONF]
+    for mine in ("", "max_split_size_mb:128"):
+        env = {ALLOC_CONF: mine}
+        assert default_cuda_allocator(exp, env) is None and env == {ALLOC_CONF: mine}
+    vllm = make_exp("rollout.backend=vllm", "rollout.backend_args={enable_sleep_mode: true}")
+    env = {}
+    assert default_cuda_allocator(vllm, env) is None and env == {}

@@ -14,23 +14,12 @@ from searchrl.rollout.graph_decode import DecodeGraphs
 from searchrl.rollout.hf import HFGenerator
 from searchrl.rollout.loop import rollout
 
-from ..helpers import qwen_model
+from ..helpers import gpu_only, qwen_model
 from .test_agent_loop import assert_same
 from .test_graph_decode import _filled
 from .test_text_tags import logprob_gap
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
-
-
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+pytestmark = gpu_only()
 
 
 @pytest.mark.parametrize("batch_size", [3, 16])

@@ -193,6 +193,30 @@ def run_stage(
     return trainer.run(evaluator)
 
 
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def default_cuda_allocator(exp: Experiment, environ: Any = None) -> str | None:
+    """Set PyTorch's caching allocator to grow its segments (``expandable_segments:True``) for a training
+    process, before CUDA starts, unless the user set ``PYTORCH_CUDA_ALLOC_CONF`` (even to nothing) or vLLM's
+    sleep mode runs in the process (its memory pool refuses expandable segments). The value set, or None.
+
+    Why: with the fixed-size segments, the second training step's pass asked the driver for ~90 new blocks
+    as activations of new shapes arrived; on an H200 that step took 5.9 s against 1.2-1.3 s for the later
+    ones, and with expandable segments 1.9 s (benchmarks/results/gpu-h200-step_time-alloc-*.json,
+    docs/benchmarks.md)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if ALLOC_CONF in env:
+        return None
+    sleep = exp.rollout.backend == "vllm" and bool(exp.rollout.backend_args.get("enable_sleep_mode"))
+    if sleep:
+        return None
+    env[ALLOC_CONF] = "expandable_segments:True"
+    return env[ALLOC_CONF]
+
+
 def train(
     exp: Experiment, resume: bool = False, force: bool = False, resolved: Resolved | None = None
 ) -> dict[str, Any]:
@@ -203,6 +227,7 @@ def train(
     from searchrl.app.rundir import check_run_dir, claim_run_dir
     from searchrl.engine.engine import distributed_state, wait_for_main
 
+    default_cuda_allocator(exp)  # before anything starts CUDA in this process
     state = distributed_state(exp.distributed.timeout)
     p = plan(exp, resolved)
     resources = Resources(exp)
