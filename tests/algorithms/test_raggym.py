@@ -12,6 +12,7 @@ from searchrl.algorithms import algorithm_config
 from searchrl.algorithms.dpo import dpo_loss
 from searchrl.algorithms.prm import prm_loss
 from searchrl.app.process_data import collect, step_pairs
+from searchrl.core.config import RolloutConfig
 from searchrl.envs.search import SearchEnv
 from searchrl.models import load_model_and_tokenizer
 from searchrl.rollout.loop import encode
@@ -195,7 +196,7 @@ def test_best_of_n_follows_the_highest_prm_score(one_hop, world_bm25, tiny_model
     orig = hf.HFGenerator
     try:
         hf.HFGenerator = lambda *args, **kw: gen  # the scripted candidates stand in for sampling
-        [state] = run_best_of_n(model, tok, FixedScorer(tok, table), env, [ex], n=4)
+        [state] = run_best_of_n(model, tok, FixedScorer(tok, table), env, [ex], n=4, budget=RolloutConfig())
     finally:
         hf.HFGenerator = orig
     assert state.actions == [a, c] and state.answer == ex.answers[0]

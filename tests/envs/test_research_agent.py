@@ -88,7 +88,7 @@ def test_the_rollout_loop_restarts_each_turn_from_the_rendered_state(tiny_model_
     search = "<think> who </think>\n<search> Graitrekin birthplace </search>"
     answer = "<think> so </think>\n<answer> Grouthzeis </answer>"
     gen = ScriptedCandidates(tok, [[search], [answer]])
-    [t], stats = rollout([EX], env, gen, tok, SamplingParams(1.0, 1.0, 32))
+    [t], stats = rollout([EX], env, gen, tok, SamplingParams(1.0, 1.0, 32), 1, 2048)
     st = t.episode
     assert st.actions == [search, answer] and st.answer == "Grouthzeis" and stats.episodes == 1
     rendered = env.render(env.replay(EX, st.actions[:1], st.observations[:1]))

@@ -66,11 +66,11 @@ def test_scripted_episode_and_prefix_branching(tiny_model_dir, world_bm25, small
     key = ex.hops[0].keys[0]
     gen = ScriptedGenerator(tok, [f"<think> go </think>\n<search> {key} </search>", "<answer> x </answer>"])
     [t] = start_trajectories(env, tok, [ex])
-    run([t], env, gen, tok, SamplingParams(), max_steps=1)
+    run([t], env, gen, tok, SamplingParams(), 2048, max_steps=1)
     assert not t.state.done and len(t.steps) == 1 and t.state.infos[0].query == key
     kids = branch([t], k=3)
     assert all(k.token_ids == t.token_ids for k in kids) and {k.group_id for k in kids} == {0}
-    run(kids, env, gen, tok, SamplingParams(), max_steps=1)
+    run(kids, env, gen, tok, SamplingParams(), 2048, max_steps=1)
     for k in kids:
         assert k.state.done and k.state.answer == "x" and len(k.steps) == 2
         assert k.token_ids[: len(t)] == t.token_ids  # the shared prefix is untouched

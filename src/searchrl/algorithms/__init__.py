@@ -37,13 +37,15 @@ POLICY_LOSSES: Registry[Any] = Registry("policy loss", sources=("searchrl.algori
 
 
 def algorithm_config(
-    name: str, args: dict[str, Any], source: str = "<config>", key: str = "algorithm"
+    name: str, args: dict[str, Any], source: str = "<config>", key: str = "algorithm", ctx: Any = None
 ) -> Any:
-    """Algorithm ``name``'s typed ``Config`` from its arguments (``algorithm:`` without ``name``)."""
+    """Algorithm ``name``'s typed ``Config`` from its arguments (``algorithm:`` without ``name``): the one
+    conversion of an algorithm section. The registry names it holds (a policy loss, a judge) are left in
+    ``ctx`` (a `searchrl.core.config.KeySources`) for the loader to check (`searchrl.app.experiment.resolve`)."""
     from searchrl.core.config import from_dict
 
     cls: Any = ALGORITHMS.get(name)
-    return from_dict(cls.Config, args, source=source, key=key)
+    return from_dict(cls.Config, args, source=source, key=key, ctx=ctx)
 
 
 def requirements(name: str, config: Any, env: EnvConfig, source: str = "<config>") -> Requirements:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.core.answers import answer_scores
+from searchrl.core.config import RolloutConfig
 from searchrl.core.errors import DataError
 from searchrl.core.types import EnvState
 
@@ -228,20 +229,20 @@ def run_policy(
     tokenizer: Any,
     env: Any,
     examples: Sequence[Any],
+    budget: RolloutConfig,
     temperature: float = 0.0,
-    max_new_tokens: int = 128,
-    max_total_tokens: int = 2048,
     batch_size: int = 64,
 ) -> list[EnvState]:
-    """Episodes of the policy on ``examples`` (greedy by default), through the shared rollout loop."""
+    """Episodes of the policy on ``examples`` (greedy by default), through the shared rollout loop, within the
+    token budgets of ``budget`` (the experiment's ``rollout`` section: ``max_new_tokens`` per action,
+    ``max_total_tokens`` per episode)."""
     from searchrl.rollout.generator import SamplingParams
     from searchrl.rollout.hf import HFGenerator
     from searchrl.rollout.loop import rollout
 
     gen = HFGenerator(None, tokenizer, env.stop_strings, batch_size=batch_size, model_context=model_context)
-    trajs, _ = rollout(
-        examples, env, gen, tokenizer, SamplingParams(temperature, 1.0, max_new_tokens), 1, max_total_tokens
-    )
+    params = SamplingParams(temperature, 1.0, budget.max_new_tokens)
+    trajs, _ = rollout(examples, env, gen, tokenizer, params, 1, budget.max_total_tokens)
     return [t.state for t in trajs]  # type: ignore[misc]
 
 
@@ -252,13 +253,13 @@ def run_best_of_n(
     env: Any,
     examples: Sequence[Any],
     n: int,
+    budget: RolloutConfig,
     temperature: float = 1.0,
-    max_new_tokens: int = 128,
-    max_total_tokens: int = 2048,
     batch_size: int = 64,
 ) -> list[EnvState]:
     """PRM-guided inference (RAG-Gym Appendix D, Algorithm 1): at every step sample ``n`` actions from
-    the same state, keep the one the PRM scores highest, step the environment with it."""
+    the same state, keep the one the PRM scores highest, step the environment with it (``budget``: the
+    ``rollout`` section's token budgets)."""
     from contextlib import nullcontext
 
     from searchrl.rollout.generator import SamplingParams
@@ -273,7 +274,7 @@ def run_best_of_n(
         batch_size=batch_size,
         model_context=lambda: nullcontext(policy),
     )
-    params = SamplingParams(temperature, 1.0, max_new_tokens)
+    params = SamplingParams(temperature, 1.0, budget.max_new_tokens)
 
     def score(pairs: list[tuple[Any, Any]]) -> list[float]:
         cands = [c for _, c in pairs]
@@ -288,7 +289,7 @@ def run_best_of_n(
         gen,
         tokenizer,
         params,
-        max_total_tokens,
+        budget.max_total_tokens,
     )
     return [t.episode for t in trajs]
 
@@ -318,9 +319,8 @@ def policy_agent(resources: Any, examples: Sequence[Any], model: str | None, lab
         tokenizer,
         resources.env(),
         examples,
+        r,
         exp.eval.temperature,
-        r.max_new_tokens,
-        r.max_total_tokens,
         r.batch_size,
     )
 

@@ -97,12 +97,13 @@ class Resolved:
 
 def resolve(exp: Experiment, source: str = "<config>") -> Resolved:
     """``algorithm`` and ``warm_start.args`` converted to their typed configs, their names checked."""
-    from searchrl.algorithms import ALGORITHMS
+    from searchrl.algorithms import algorithm_config
 
     algo = None
     if exp.algorithm is not None:
-        cls: Any = ALGORITHMS.get(exp.algorithm.name)
-        algo = from_dict_checked(cls.Config, exp.algorithm.args, source, "algorithm")
+        ctx = KeySources()
+        algo = algorithm_config(exp.algorithm.name, exp.algorithm.args, source, "algorithm", ctx)
+        check_names(ctx)
     warm = None
     if exp.warm_start is not None:  # the SFT warm start's arguments, under their own key
         from searchrl.algorithms.sft import SFTConfig

@@ -66,8 +66,7 @@ def make_evaluator(resources: Resources, split: str, limit: int | None) -> Any:
                 trainer.tokenizer,
                 resources.env(),
                 shard,
-                max_new_tokens=resources.exp.rollout.max_new_tokens,
-                max_total_tokens=resources.exp.rollout.max_total_tokens,
+                resources.exp.rollout,
             )
         m = episode_metrics(eng.gather_objects(states))
         return {f"eval/{k}": float(v) for k, v in m.items() if isinstance(v, int | float)}
@@ -104,9 +103,8 @@ def evaluate_final(resources: Resources, model_dir: Path, name: str, state: Any)
         tokenizer,
         resources.env(),
         shard,
+        e.rollout,
         e.eval.temperature,
-        e.rollout.max_new_tokens,
-        e.rollout.max_total_tokens,
     )
     everyone = _gathered(states, state)
     m = episode_metrics(everyone)
@@ -137,9 +135,8 @@ def evaluate_best_of_n(
         resources.env(),
         shard,
         n,
+        e.rollout,
         e.eval.best_of_temperature,
-        e.rollout.max_new_tokens,
-        e.rollout.max_total_tokens,
         e.rollout.batch_size,
     )
     everyone = _gathered(states, state) if state is not None else states

@@ -31,7 +31,7 @@ def run_episodes(
     generator: Any,
     tokenizer: Any,
     params: SamplingParams,
-    max_total_tokens: int = 2048,
+    max_total_tokens: int,
     max_steps: int | None = None,
     stats: RolloutStats | None = None,
     window: int = WINDOW,

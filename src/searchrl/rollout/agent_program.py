@@ -149,8 +149,8 @@ class AgentProgramEnv(ToolEnv):
         generator: Any,
         tokenizer: Any,
         params: SamplingParams,
-        group_size: int = 1,
-        max_total_tokens: int = 2048,
+        group_size: int,
+        max_total_tokens: int,
     ) -> tuple[list[Trajectory], RolloutStats]:
         """``group_size`` episodes per example, each a run of the program; their trajectories (the rows of an
         episode that split: `envs.context.FOLDS`) and statistics."""

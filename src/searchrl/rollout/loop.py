@@ -103,7 +103,7 @@ def run(
     generator: Generator,
     tokenizer: Any,
     params: SamplingParams,
-    max_total_tokens: int = 2048,
+    max_total_tokens: int,
     max_steps: int | None = None,
     stats: RolloutStats | None = None,
 ) -> RolloutStats:
@@ -171,8 +171,8 @@ def rollout(
     generator: Generator,
     tokenizer: Any,
     params: SamplingParams,
-    group_size: int = 1,
-    max_total_tokens: int = 2048,
+    group_size: int,
+    max_total_tokens: int,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """G full episodes per example; an environment that plays its episodes itself (an agent program,
     `rollout.agent_program`) plays them."""
@@ -190,7 +190,7 @@ def expand(
     generator: Generator,
     tokenizer: Any,
     params: SamplingParams,
-    max_total_tokens: int = 2048,
+    max_total_tokens: int,
     stats: RolloutStats | None = None,
 ) -> list[list[Trajectory]]:
     """``k`` candidate next steps from each live prefix (`branch` + one step of `run`), run through the

@@ -29,7 +29,7 @@ def step_search(
     generator: Any,
     tokenizer: Any,
     params: Any,
-    max_total_tokens: int = 2048,
+    max_total_tokens: int,
     stats: RolloutStats | None = None,
     max_steps: int | None = None,
 ) -> list[Trajectory]:
