@@ -30,8 +30,9 @@
 #   prefix-tests   tests/models/test_prefix_gpu.py (the prefix tree equals the padded batch on the GPU: float32,
 #                  full and LoRA, Qwen2.5's vocabulary; bf16 gaps printed) and the packed/shared training-step
 #                  equality tests of tests/models/test_packing.py, whose trainer takes the GPU
-#   step-alloc     step_time.py, ours with rollout.compile + prefix_sharing only, 6 steps: the caching
-#                  allocator as it comes, then with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+#   step-alloc     step_time.py, ours with rollout.compile + prefix_sharing only, 6 steps: PyTorch's caching
+#                  allocator as it comes (PYTORCH_CUDA_ALLOC_CONF set empty), then with expandable segments
+#                  (step_time.py, like `searchrl train`, sets them where the variable is unset)
 #   prefix-profile S   prefix_training.py at the 2,048-token instruct shape, shape S: the layout's construction
 #                  timed apart (--breakdown) and one profiled round per mode (top operators by GPU time)
 #
@@ -173,7 +174,7 @@ print('GPU libraries imported:', sorted({m.split('.')[0] for m in sys.modules} &
       run 200 prefix-step-tests $PY -m pytest -q -p no:cacheprovider -m numerics tests/models/test_packing.py \
         -k "training_step or slate_step" ;;
     step-alloc)
-      run 120 step-alloc-default $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda \
+      PYTORCH_CUDA_ALLOC_CONF= run 120 step-alloc-default $PY benchmarks/step_time.py --model "$(model qwen2.5-0.5b)" --device cuda \
         --dtype bfloat16 --steps 6 --order compiled --out "$RES" --tag "$GPU-step_time-alloc-default-qwen2.5-0.5b"
       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True run 120 step-alloc-expandable $PY benchmarks/step_time.py \
         --model "$(model qwen2.5-0.5b)" --device cuda --dtype bfloat16 --steps 6 --order compiled --out "$RES" \

@@ -25,6 +25,7 @@ import torch
 from searchrl.algorithms import algorithm_config
 from searchrl.app.experiment import load_experiment
 from searchrl.app.resources import Resources
+from searchrl.app.train import default_cuda_allocator
 from searchrl.core.config import SamplesConfig, TrainerConfig
 from searchrl.engine.trainer import Trainer
 from searchrl.rollout.generator import SamplingParams
@@ -221,10 +222,13 @@ def main() -> None:
         help="allocate and free this many GiB on the GPU first, so that the caching allocator holds them",
     )
     a = p.parse_args()
+    exp = load_experiment(a.config, [f"model.dtype={a.dtype}"])
+    # the allocator `searchrl train` gives its processes (expandable segments) unless PYTORCH_CUDA_ALLOC_CONF is
+    # set, before anything starts CUDA; TRL's run in this process gets it too
+    default_cuda_allocator(exp)
     if a.reserve_gb and a.device == "cuda":  # the cache keeps the block: later tensors are cut from it
         del_me = torch.empty(int(a.reserve_gb * 2**30), dtype=torch.uint8, device="cuda")
         del del_me
-    exp = load_experiment(a.config, [f"model.dtype={a.dtype}"])
     resources = Resources(exp)
     res = {}
     for name in a.order:
