@@ -115,6 +115,17 @@ FIGURES = {
         *learning_seed("learning-2026-11-28", 0),
     ],
     "learning": lambda: learning("learning"),
+    "learning-2026-11-28-plan": lambda: [
+        *learning("learning-2026-11-28-plan")[:2],
+        "(per seed {})".format(
+            ", ".join(
+                f"{e:.3f}"
+                for e in json.loads((RESULTS / "learning-2026-11-28-plan.json").read_text())["summary"][
+                    "grpo"
+                ]["per_seed"]
+            )
+        ),
+    ],
 }
 
 
