@@ -8,7 +8,7 @@ from searchrl.core.registry import Registry
 
 if TYPE_CHECKING:
     from searchrl.algorithms.base import Requirements
-    from searchrl.core.config import EnvConfig
+    from searchrl.core.config import EnvConfig, KeySources
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 # Lazy so that configs can be validated without importing torch.
@@ -37,11 +37,15 @@ POLICY_LOSSES: Registry[Any] = Registry("policy loss", sources=("searchrl.algori
 
 
 def algorithm_config(
-    name: str, args: dict[str, Any], source: str = "<config>", key: str = "algorithm", ctx: Any = None
+    name: str,
+    args: dict[str, Any],
+    source: str = "<config>",
+    key: str = "algorithm",
+    ctx: KeySources | None = None,
 ) -> Any:
     """Algorithm ``name``'s typed ``Config`` from its arguments (``algorithm:`` without ``name``): the one
     conversion of an algorithm section. The registry names it holds (a policy loss, a judge) are left in
-    ``ctx`` (a `searchrl.core.config.KeySources`) for the loader to check (`searchrl.app.experiment.resolve`)."""
+    ``ctx`` for the loader to check (`searchrl.app.experiment.resolve`)."""
     from searchrl.core.config import from_dict
 
     cls: Any = ALGORITHMS.get(name)

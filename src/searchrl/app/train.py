@@ -10,6 +10,7 @@ evaluated as best-of-N guidance of the policy it started from.
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -193,7 +194,7 @@ def run_stage(
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 
-def default_cuda_allocator(exp: Experiment, environ: Any = None) -> str | None:
+def default_cuda_allocator(exp: Experiment, environ: MutableMapping[str, str] | None = None) -> str | None:
     """Set PyTorch's caching allocator to grow its segments (``expandable_segments:True``) for a training
     process, before CUDA starts, unless the user set ``PYTORCH_CUDA_ALLOC_CONF`` (even to nothing) or vLLM's
     sleep mode runs in the process (its memory pool refuses expandable segments). The value set, or None.
@@ -205,10 +206,8 @@ def default_cuda_allocator(exp: Experiment, environ: Any = None) -> str | None:
     import os
 
     env = os.environ if environ is None else environ
-    if ALLOC_CONF in env:
-        return None
     sleep = exp.rollout.backend == "vllm" and bool(exp.rollout.backend_args.get("enable_sleep_mode"))
-    if sleep:
+    if ALLOC_CONF in env or sleep:
         return None
     env[ALLOC_CONF] = "expandable_segments:True"
     return env[ALLOC_CONF]
