@@ -12,7 +12,9 @@ sharing in one run:
   with a 1,024- or 2,048-token instruct prompt and 256 tokens each after it; micro-batches of 8.
 
 Modes: ``padded`` (the default trainer), ``packed`` (``trainer.packing``, no sharing), ``shared`` (packing and
-sharing), and on a GPU ``flex`` (sharing through FlexAttention's block mask, ``trainer.prefix_attention: flex``). Micro-batches are cut in token order (what the trainer does with sharing on) for all three. Each
+sharing), and on a GPU ``flex`` (sharing through FlexAttention's block mask: measured, not a trainer option,
+`shared_prefix.use_tree_attention`). Micro-batches are cut in token order (what the trainer does with sharing
+on) for every mode. Each
 (shape, mode) runs in its own process (its peak resident memory is its own); the first round warms up, the
 best of ``--repeats`` is kept. Writes benchmarks/results/prefix_training.json.
 

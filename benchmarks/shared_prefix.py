@@ -128,13 +128,12 @@ def timed_passes(
     appended to it (the device synchronised around that part, which the plain timing does not do)."""
     import torch
 
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-
     from searchrl.core.functional import masked_sum
     from searchrl.models.packing import pack
     from searchrl.models.policy import forward_lean
     from searchrl.models.prefix import attention_for, pack_shared
 
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     kind, to_kernel = model.config._attn_implementation, attention_for
     if mode == "flex":  # the dense tree mask as FlexAttention's block mask
         use_tree_attention(model)

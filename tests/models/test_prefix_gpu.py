@@ -1,8 +1,8 @@
 """Shared-prefix training (`models.prefix`, `trainer.share_prefix`) on a CUDA GPU: run by
 `benchmarks/gpu_session.sh prefix-tests` on a lent GPU, never in CPU CI. Float32 (matrix products without TF32):
 the prefix tree's log-probs, values and gradients equal the padded batch's with full parameters and LoRA, and on
-Qwen2.5's real vocabulary through the lean head; in bfloat16 the gap between the two layouts is printed (two
-summation orders of bf16 numbers, no exact equality to assert). The whole training step, shared against padded,
+Qwen2.5's real vocabulary through the lean head; in bfloat16 the gap between the two layouts is printed and held
+to bf16's rounding (two summation orders of bf16 numbers: no exact equality to assert). The whole training step, shared against padded,
 is `tests/models/test_packing.py::test_a_training_step_packed_equals_padded`, which runs on the GPU where one
 is (the trainer's accelerator takes it)."""
 
