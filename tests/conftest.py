@@ -9,6 +9,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _inductor_cache_per_isa() -> None:
+    """Inductor's FX-graph cache is keyed without the vector ISA that `ATEN_CPU_CAPABILITY` picks (torch 2.13):
+    a graph generated under AVX2/AVX-512 is reused under `ATEN_CPU_CAPABILITY=default`, whose build flags lack
+    the `at::vec` header, and g++ fails. `.ci/run` runs the numerics tests under both, so each capability gets
+    its own cache directory beside the default one (unless the user chose a directory)."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    import torch
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"isa-{isa}")
+
+
+_inductor_cache_per_isa()
+
 FIXTURES = Path(__file__).parent / "fixtures"
 # the real sample datasets: SEARCHRL_SHARED_DATA, or ../shared/data beside the checkout
 SHARED_DATA = Path(
