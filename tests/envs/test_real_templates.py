@@ -1,7 +1,7 @@
 """The tool protocol on chat templates as their vendors ship them (TRL's copies, `trl/chat_templates`): Meta's
 Llama 3.1 and 3.2 (a tool-calling turn's content dropped, one call per turn), Qwen3.5 with thinking on and
 the other templates whose generation prompt opens ``<think>`` (the sampled turn starts inside its reasoning),
-and the families whose calls we do not read yet, refused by name (issue 65). Tokenized on Qwen2.5's real
+and the families whose calls we do not read yet, refused by name. Tokenized on Qwen2.5's real
 vocabulary."""
 
 from __future__ import annotations
@@ -118,7 +118,6 @@ def test_qwen35_thinking_turns_start_inside_the_reasoning(tokenizer):
         ("gemma3", "Gemma"),
         ("gemma4", "Gemma 4"),
         ("gptoss", "gpt-oss"),
-        ("deepseekv3", "DeepSeek"),
     ],
 )
 def test_families_we_do_not_read_are_refused_by_name(tokenizer, template, family):

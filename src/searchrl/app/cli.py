@@ -196,9 +196,11 @@ def _add_tokenizer(sub: Any) -> None:
     k = sub.add_parser(
         "tokenizer",
         help="write a real model's tokenizer offline (Qwen2.5's or Qwen3's from the qwen extra; Mistral's tekken "
-        "from the mistral extra)",
+        "from the mistral extra; DeepSeek-V3's from the deepseek extra)",
     )
-    k.add_argument("name", choices=["qwen2.5", "qwen3", "mistral-tekken"], help="the vocabulary")
+    k.add_argument(
+        "name", choices=["qwen2.5", "qwen3", "mistral-tekken", "deepseek-v3"], help="the vocabulary"
+    )
     k.add_argument("--out", required=True, type=Path, help="the directory to write the tokenizer to")
     k.set_defaults(fn=commands.cmd_tokenizer)
 
@@ -285,7 +287,16 @@ def _add_serve_policy(sub: Any) -> None:
     m.add_argument(
         "--call-format",
         default="auto",
-        choices=["auto", "hermes", "qwen3_coder", "llama3_json", "glm45"],
+        choices=[
+            "auto",
+            "hermes",
+            "qwen3_coder",
+            "llama3_json",
+            "glm45",
+            "mistral",
+            "deepseek_v3",
+            "deepseek_v31",
+        ],
         help="how the model writes tool calls (auto: read from its chat template)",
     )
     m.add_argument(

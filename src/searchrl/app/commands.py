@@ -130,15 +130,17 @@ def cmd_build_model(args: argparse.Namespace) -> None:
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> None:
+    from searchrl.models.deepseek import deepseek_tokenizer
     from searchrl.models.mistral import VOCABULARIES, mistral_tokenizer
     from searchrl.models.qwen import qwen_tokenizer
 
     t = time.perf_counter()
-    tok = (
-        mistral_tokenizer(args.out, args.name)
-        if args.name in VOCABULARIES
-        else qwen_tokenizer(args.out, args.name)
-    )
+    if args.name == "deepseek-v3":
+        tok = deepseek_tokenizer(args.out)
+    elif args.name in VOCABULARIES:
+        tok = mistral_tokenizer(args.out, args.name)
+    else:
+        tok = qwen_tokenizer(args.out, args.name)
     print(
         f"{args.name} tokenizer ({len(tok)} tokens, chat template included) written to {args.out} in "
         f"{time.perf_counter() - t:.1f}s; load it with AutoTokenizer.from_pretrained('{args.out}')"

@@ -391,14 +391,17 @@ class EnvConfig:
         "right",
         ("the side tool_response_max_chars cuts: right keeps the start, left the end, middle both ends"),
     )
-    call_format: Literal["auto", "hermes", "qwen3_coder", "llama3_json", "glm45", "mistral"] = setting(
+    call_format: Literal[
+        "auto", "hermes", "qwen3_coder", "llama3_json", "glm45", "mistral", "deepseek_v3", "deepseek_v31"
+    ] = setting(
         "auto",
         (
             "protocol tools: how the model writes its calls (envs/call_formats.py): auto (read from the "
             "chat template), hermes (<tool_call> JSON: Qwen2.5, Qwen3), qwen3_coder "
             "(<function=…><parameter=…>), llama3_json, glm45 "
             "(<tool_call>NAME<arg_key>…</arg_key><arg_value>…</arg_value>: GLM-4.5, 4.6), mistral "
-            "([TOOL_CALLS] and a JSON list with call ids)"
+            "([TOOL_CALLS] and a JSON list with call ids), deepseek_v3 (DeepSeek-V3 and R1's control tokens, "
+            "arguments in a fenced JSON block), deepseek_v31 (DeepSeek-V3.1's: NAME<｜tool▁sep｜>JSON)"
         ),
     )
     chat_kwargs: dict[str, Any] = setting(

@@ -13,6 +13,11 @@
   instruct models, Ministral, Mistral-Nemo: their tokenizer's control tokens, as `mistral-common` renders them).
   The id is the model's (nine letters or digits); the tool results name it (``call_id``), and a call written
   without a usable one gets one (`call_ids`).
+- ``deepseek_v3`` and ``deepseek_v31``: DeepSeek's control tokens, ``<｜tool▁calls▁begin｜>`` then per call
+  ``<｜tool▁call▁begin｜>…<｜tool▁call▁end｜>``, then ``<｜tool▁calls▁end｜>``. V3 and R1 (their template) write a call as
+  ``function<｜tool▁sep｜>NAME`` and the arguments in a fenced JSON block (```` ```json ````), calls separated by a
+  newline; V3.1 writes ``NAME<｜tool▁sep｜>ARGUMENTS``, calls chained. Either reads both. Neither template renders the
+  tool schemas: the prompt describes them as DeepSeek-V3.1's model card does (`describe`).
 - ``glm45``: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>`` / ``<arg_value>V</arg_value>`` pairs, then
   ``</tool_call>`` (GLM-4.5, GLM-4.6; values typed by the tool's schema, as ``qwen3_coder``'s). Its template closes
   no turn: the model ends a calling turn with ``<|observation|>``, an answer with ``<|user|>``
@@ -38,8 +43,12 @@ from typing import Any
 from searchrl.core.errors import DataError
 from searchrl.envs.tools import CLOSE, OPEN, Tool, ToolCall, _loads, _one_call, parse_tool_calls
 
-FORMATS = ("hermes", "qwen3_coder", "llama3_json", "glm45", "mistral")
+FORMATS = ("hermes", "qwen3_coder", "llama3_json", "glm45", "mistral", "deepseek_v3", "deepseek_v31")
 MISTRAL_CALLS = "[TOOL_CALLS]"
+# DeepSeek's control tokens (its vocabulary's added tokens; full-width bars, "▁" for a space)
+DS_CALLS, DS_CALLS_END = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>"
+DS_CALL, DS_CALL_END = "<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581call\u2581end\uff5c>"
+DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
 _MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
 _FUNCTION = re.compile(r"<function=([^>\n]{1,200})>(.*?)(?:</function>|\Z)", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
@@ -47,7 +56,7 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<pa
 
 # chat-template families whose tool calls the tool protocol does not read yet: refused, not read as Hermes
 UNSUPPORTED = {
-    "deepseek": ("DeepSeek", "tool\u2581calls\u2581begin"),
+    "deepseek_dsml": ("DeepSeek V3.2 / V4 (DSML)", "DSML"),
     "gpt_oss": ("gpt-oss (harmony)", "<|channel|>"),
     "gemma": ("Gemma", "<start_of_turn>"),
     "gemma4": ("Gemma 4", "<|tool_call>"),
@@ -64,6 +73,8 @@ def detect(template: str | None) -> str:
         return "glm45"
     if MISTRAL_CALLS in text:
         return "mistral"
+    if DS_CALLS in text:
+        return "deepseek_v3" if "```json" in text else "deepseek_v31"
     for name, (_, marker) in UNSUPPORTED.items():
         if marker in text:
             return name
@@ -88,7 +99,7 @@ def resolve(call_format: str, template: str | None) -> str:
         raise DataError(
             f"the chat template writes tool calls in {UNSUPPORTED[found][0]}'s format, which the tool protocol "
             f"does not read yet (it reads {', '.join(FORMATS)}); set env.call_format to one of those if the "
-            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral)"
+            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral, DeepSeek V3 / R1 / V3.1)"
         )
     return found
 
@@ -103,6 +114,8 @@ def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None)
         return parse_tool_calls(text, tools, limit, _glm_call)
     if fmt == "mistral":
         return _parse_mistral(text, tools, limit)
+    if fmt in ("deepseek_v3", "deepseek_v31"):
+        return parse_tool_calls(text, tools, limit, _deepseek_call, (DS_CALL, DS_CALL_END))
     return parse_tool_calls(text, tools, limit)
 
 
@@ -125,6 +138,12 @@ def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
             for k, v in arguments.items()
         )
         return f"{OPEN}{name}\n{pairs}{CLOSE}"
+    if fmt == "deepseek_v3":  # as DeepSeek-V3's template writes a call
+        body = f"function{DS_SEP}{name}\n```json\n{json.dumps(arguments, ensure_ascii=False)}\n```"
+        return f"{DS_CALLS}{DS_CALL}{body}{DS_CALL_END}{DS_CALLS_END}"
+    if fmt == "deepseek_v31":
+        body = f"{name}{DS_SEP}{json.dumps(arguments, ensure_ascii=False)}"
+        return f"{DS_CALLS}{DS_CALL}{body}{DS_CALL_END}{DS_CALLS_END}"
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
 
 
@@ -180,6 +199,66 @@ def _parse_mistral(text: str, tools: dict[str, Tool], limit: int | None) -> list
         got = item.get("id") if isinstance(item, dict) else None
         calls.append(replace(call, id=got) if isinstance(got, str) and _MISTRAL_ID.fullmatch(got) else call)
     return _capped(calls, len(items) - len(calls), limit)
+
+
+def _deepseek_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+    """One ``<｜tool▁call▁begin｜>`` block's body: V3's ``function<｜tool▁sep｜>NAME`` + a fenced JSON block, or
+    V3.1's ``NAME<｜tool▁sep｜>JSON``."""
+    head, sep, rest = body.partition(DS_SEP)
+    if not sep:
+        why = f"a call is NAME{DS_SEP}{{...arguments...}} inside {DS_CALL}...{DS_CALL_END}"
+        return ToolCall(None, error="missing_name", detail=why)
+    name, args = head.strip(), rest.strip()
+    if name == "function" and not args.startswith("{"):  # V3: the type, then the name on its own line
+        name, _, args = args.partition("\n")
+        name, args = name.strip(), args.strip()
+        if args.startswith("```"):
+            args = args[3:].removeprefix("json").strip()
+            args = args.removesuffix("```").rstrip()
+    obj, bad = _loads(args or "{}")  # the duplicate-key and text checks of every format
+    if bad is not None:
+        return bad
+    return _one_call(json.dumps({"name": name, "arguments": obj}, ensure_ascii=False), tools)
+
+
+def describe(fmt: str, schemas: list[dict[str, Any]]) -> str:
+    """The tool schemas and the call format in words, for a chat template that renders no schemas (DeepSeek's):
+    the layout of DeepSeek-V3.1's model card (a ``## Tools`` section, each tool's name, description and JSON
+    parameters, then the exact format of a call), which `ChatFormat` appends to the system prompt."""
+    lines = ["## Tools", "You have access to the following tools:", ""]
+    for schema in schemas:
+        fn = schema.get("function", schema)
+        lines += [f"### {fn.get('name', '')}", f"Description: {fn.get('description', '')}", ""]
+        lines += [f"Parameters: {json.dumps(fn.get('parameters', {}), ensure_ascii=False)}", ""]
+    if fmt in ("deepseek_v3", "deepseek_v31"):
+        body = (
+            f"function{DS_SEP}tool_call_name\n```json\ntool_call_arguments\n```"
+            if fmt == "deepseek_v3"
+            else f"tool_call_name{DS_SEP}tool_call_arguments"
+        )
+        chain = (
+            "separate them with a newline"
+            if fmt == "deepseek_v3"
+            else "chain them directly without separators or spaces"
+        )
+        lines += [
+            "IMPORTANT: ALWAYS adhere to this exact format for tool use:",
+            f"{DS_CALLS}{DS_CALL}{body}{DS_CALL_END}{{{{additional_tool_calls}}}}{DS_CALLS_END}",
+            "",
+            "Where:",
+            "- `tool_call_name` must be an exact match to one of the available tools",
+            "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters specification",
+            f"- For multiple tool calls, {chain}",
+        ]
+    else:
+        lines += [
+            "IMPORTANT: ALWAYS adhere to this exact format for tool use:",
+            write(fmt, "tool_call_name", {"parameter_name": "value"}),
+            "",
+            "Where `tool_call_name` must be an exact match to one of the available tools and the arguments must "
+            "follow that tool's Parameters specification.",
+        ]
+    return "\n".join(lines)
 
 
 def _capped(calls: list[ToolCall], extra: int, limit: int | None) -> list[ToolCall]:

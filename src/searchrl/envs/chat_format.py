@@ -38,6 +38,13 @@ class ChatFormat:
                 f"{getattr(tokenizer, 'name_or_path', 'this tokenizer')!r} has none"
             )
         self.tokenizer, self.kwargs = tokenizer, dict(template_kwargs or {})
+        from searchrl.envs.call_formats import FORMATS, detect
+
+        found = detect(tokenizer.chat_template)
+        # the call format the tool description teaches where the template renders no schemas (`render`); the
+        # tool protocol and the agent endpoint set it to the format they read
+        self.call_format = found if found in FORMATS else "hermes"
+        self.renders_tools = self._renders_tools()
         self.end_of_turn = self._end_of_turn()
         self.call_end = self._call_end()
         self.opens_think = self._opens_think()
@@ -63,10 +70,31 @@ class ChatFormat:
         *,
         opened: bool = True,
     ) -> str:
+        """``messages`` rendered with the tool schemas. A template that renders no schemas (DeepSeek's, whose
+        model card has the user describe the tools in the system prompt) gets them described at the end of the
+        system message in the words of `call_formats.describe`, in `call_format`."""
+        if tools and not self.renders_tools:
+            messages = _with_tools_described(messages, tools, self.call_format)
         out = self.tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=opened, **self.kwargs
         )
         return str(out)
+
+    def _renders_tools(self) -> bool:
+        """Whether the template writes the tool schemas it is given (one that fails with them counts as
+        writing them: the error comes where the prompt is rendered)."""
+        user = [{"role": "user", "content": "q"}]
+        probe = {
+            "type": "function",
+            "function": {"name": "probe_tool_x", "description": "", "parameters": {}},
+        }
+        try:
+            with_tools = self.tokenizer.apply_chat_template(
+                user, tools=[probe], tokenize=False, add_generation_prompt=True, **self.kwargs
+            )
+        except Exception:
+            return True
+        return "probe_tool_x" in str(with_tools)
 
     def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
         """The episode's prompt: ``messages`` with the tool schemas, the assistant turn opened."""
@@ -168,28 +196,48 @@ class ChatFormat:
         """``before``, a stand-in assistant turn making ``calls``, then ``tool_msgs``, rendered. The stand-in
         holds `_MARK` as its content where the template allows it; a template that refuses content beside calls
         (Mistral's) gets none, and one that takes one call per turn (Meta's Llama 3.1 / 3.2) gets the first."""
-        tries = [(calls, _MARK), (calls, ""), (calls[:1], _MARK), (calls[:1], "")]
-        for made, content in tries[:-1]:
+        tries = [
+            (made, content, text)
+            for text in (False, True)  # arguments as an object, then as JSON text (DeepSeek-V3's template)
+            for made, content in ((calls, _MARK), (calls, ""), (calls[:1], _MARK), (calls[:1], ""))
+        ]
+        for made, content, text in tries[:-1]:
             try:
-                return self.render([*before, _stand_in(made, ids, content), *tool_msgs], opened=opened)
+                return self.render([*before, _stand_in(made, ids, content, text), *tool_msgs], opened=opened)
             except Exception:
                 continue
-        made, content = tries[-1]
-        return self.render([*before, _stand_in(made, ids, content), *tool_msgs], opened=opened)
+        made, content, text = tries[-1]
+        return self.render([*before, _stand_in(made, ids, content, text), *tool_msgs], opened=opened)
 
 
 STAND_IN_ID = "searchrl0"  # a call id of the length Mistral's templates require (nine letters or digits)
 
 
-def _stand_in(calls: list[tuple[str, dict[str, Any]]], ids: list[str], content: str) -> dict[str, Any]:
+def _stand_in(
+    calls: list[tuple[str, dict[str, Any]]], ids: list[str], content: str, text: bool = False
+) -> dict[str, Any]:
+    args: Any = "{}" if text else {}
     return {
         "role": "assistant",
         "content": content,
         "tool_calls": [
-            {"id": i, "type": "function", "function": {"name": n, "arguments": {}}}
+            {"id": i, "type": "function", "function": {"name": n, "arguments": args}}
             for (n, _), i in zip(calls, ids)
         ],
     }
+
+
+def _with_tools_described(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], call_format: str
+) -> list[dict[str, Any]]:
+    """``messages`` with the tools described after the system prompt (a system message made if none), as
+    DeepSeek-V3.1's model card lays it out: ``{system prompt}\n\n{tool description}``."""
+    from searchrl.envs.call_formats import describe
+
+    text = describe(call_format, tools)
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def _special_pattern(tokenizer: Any) -> re.Pattern[str] | None:
@@ -200,6 +248,11 @@ def _special_pattern(tokenizer: Any) -> re.Pattern[str] | None:
         str(t.content) for t in decoder.values() if getattr(t, "special", False) and len(str(t.content)) > 1
     }
     texts |= {str(t) for t in getattr(tokenizer, "all_special_tokens", ()) if len(str(t)) > 1}
+    # DeepSeek's control tokens (<｜tool▁output▁end｜>, <｜User｜>) are added tokens its vocabulary does not mark
+    # special; they are matched in text all the same
+    texts |= {
+        c for t in decoder.values() if (c := str(t.content)).startswith("<\uff5c") and c.endswith("\uff5c>")
+    }
     if not texts:
         return None
     return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))

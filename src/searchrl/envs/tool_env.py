@@ -103,6 +103,7 @@ class ToolEnv(SearchEnv):
         from searchrl.envs import call_formats
 
         self.call_format = call_formats.resolve(call_format, getattr(chat.tokenizer, "chat_template", None))
+        chat.call_format = self.call_format  # what a template that renders no tool schemas describes
         try:  # a template that cannot render tool messages fails here, not at a run's first call
             chat.after_tool_calls([("search", {})], ["probe"])
         except Exception as exc:

@@ -206,6 +206,7 @@ def parse_tool_calls(
     tools: dict[str, Tool],
     limit: int | None = None,
     one: Callable[[str, dict[str, Tool]], ToolCall] | None = None,
+    markers: tuple[str, str] = (OPEN, CLOSE),
 ) -> list[ToolCall]:
     """Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block of ``text``, in order, each
     checked against its tool's schema. ``arguments`` may also be a JSON string of an object (some models
@@ -216,21 +217,23 @@ def parse_tool_calls(
     Whatever the model wrote, this returns: malformed, deeply nested or duplicate-keyed JSON, integers past
     Python's 4,300-digit limit and unpaired surrogates are calls that cannot run, each saying why; the scan
     finds each block with one forward search for its close, so it is linear in the text's length. ``one``
-    reads a block's body (default: the JSON call; `envs.call_formats` passes the XML one)."""
+    reads a block's body (default: the JSON call; `envs.call_formats` passes the XML one), and ``markers`` are the
+    block's open and close (DeepSeek's are control tokens)."""
     one = one or _one_call
+    opening, closing = markers
     calls: list[ToolCall] = []
     extra = pos = 0
     unclosed = False
-    while (start := text.find(OPEN, pos)) >= 0:
-        end = text.find(CLOSE, start + len(OPEN))
+    while (start := text.find(opening, pos)) >= 0:
+        end = text.find(closing, start + len(opening))
         if end < 0:
             unclosed = True  # a block left open (one inside a closed block's arguments is its text)
             break
         if limit is None or len(calls) < limit:
-            calls.append(one(text[start + len(OPEN) : end], tools))
+            calls.append(one(text[start + len(opening) : end], tools))
         else:
             extra += 1
-        pos = end + len(CLOSE)
+        pos = end + len(closing)
     if extra:
         calls.append(
             ToolCall(
@@ -240,7 +243,7 @@ def parse_tool_calls(
             )
         )
     if unclosed:
-        calls.append(ToolCall(None, error="unclosed_tool_call", detail="a <tool_call> was not closed"))
+        calls.append(ToolCall(None, error="unclosed_tool_call", detail=f"a {opening} was not closed"))
     return calls
 
 

@@ -34,7 +34,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchrl.envs.call_formats import MISTRAL_CALLS, call_ids, parse
+from searchrl.envs.call_formats import DS_CALLS, MISTRAL_CALLS, call_ids, parse
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.tools import Tool
 from searchrl.rollout.generator import Generation, SamplingParams
@@ -48,6 +48,8 @@ _CALL_MARKERS = {
     "qwen3_coder": "<tool_call>",
     "glm45": "<tool_call>",
     "mistral": MISTRAL_CALLS,
+    "deepseek_v3": DS_CALLS,
+    "deepseek_v31": DS_CALLS,
 }
 
 
@@ -126,6 +128,9 @@ class PolicyEndpoint:
         sampling: SamplingParams | None = None,
     ) -> None:
         self.generator, self.tokenizer, self.chat, self.call_format = generator, tokenizer, chat, call_format
+        chat.call_format = (
+            call_format  # what a template that renders no tool schemas describes (`ChatFormat.render`)
+        )
         self.max_new_tokens, self.max_context, self.max_calls = max_new_tokens, max_context, max_calls
         self.sampling = sampling
         self.version = 0  # the policy version each call records (the trainer's step)
