@@ -116,7 +116,6 @@ def test_qwen35_thinking_turns_start_inside_the_reasoning(tokenizer):
     ("template", "family"),
     [
         ("gemma3", "Gemma"),
-        ("gemma4", "Gemma 4"),
         ("gptoss", "gpt-oss"),
     ],
 )

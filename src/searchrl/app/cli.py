@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,8 @@ def _add_serve_model(sub: Any) -> None:
 
 
 def _add_serve_policy(sub: Any) -> None:
+    from searchrl.core.config import CallFormat
+
     m = sub.add_parser(
         "serve-policy",
         help="serve a policy over the OpenAI chat and completions API, recording the exact ids of every call "
@@ -287,16 +290,7 @@ def _add_serve_policy(sub: Any) -> None:
     m.add_argument(
         "--call-format",
         default="auto",
-        choices=[
-            "auto",
-            "hermes",
-            "qwen3_coder",
-            "llama3_json",
-            "glm45",
-            "mistral",
-            "deepseek_v3",
-            "deepseek_v31",
-        ],
+        choices=typing.get_args(CallFormat),
         help="how the model writes tool calls (auto: read from its chat template)",
     )
     m.add_argument(

@@ -294,6 +294,20 @@ class ToolSpec:
     args: dict[str, Any] = setting(dict, "the tool's own settings (mcp: server, include)")
 
 
+# how a model family writes tool calls (`searchrl.envs.call_formats` reads each; ``auto``: from the chat template)
+CallFormat = Literal[
+    "auto",
+    "hermes",
+    "qwen3_coder",
+    "llama3_json",
+    "glm45",
+    "mistral",
+    "deepseek_v3",
+    "deepseek_v31",
+    "gemma4",
+]
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     retriever: RetrieverConfig = setting(RetrieverConfig, "the retriever section (RetrieverConfig)")
@@ -391,9 +405,7 @@ class EnvConfig:
         "right",
         ("the side tool_response_max_chars cuts: right keeps the start, left the end, middle both ends"),
     )
-    call_format: Literal[
-        "auto", "hermes", "qwen3_coder", "llama3_json", "glm45", "mistral", "deepseek_v3", "deepseek_v31"
-    ] = setting(
+    call_format: CallFormat = setting(
         "auto",
         (
             "protocol tools: how the model writes its calls (envs/call_formats.py): auto (read from the "
@@ -401,7 +413,8 @@ class EnvConfig:
             "(<function=…><parameter=…>), llama3_json, glm45 "
             "(<tool_call>NAME<arg_key>…</arg_key><arg_value>…</arg_value>: GLM-4.5, 4.6), mistral "
             "([TOOL_CALLS] and a JSON list with call ids), deepseek_v3 (DeepSeek-V3 and R1's control tokens, "
-            "arguments in a fenced JSON block), deepseek_v31 (DeepSeek-V3.1's: NAME<｜tool▁sep｜>JSON)"
+            "arguments in a fenced JSON block), deepseek_v31 (DeepSeek-V3.1's: NAME<｜tool▁sep｜>JSON), gemma4 "
+            "(Gemma 4's <|tool_call>call:NAME{key:value}<tool_call|>)"
         ),
     )
     chat_kwargs: dict[str, Any] = setting(

@@ -18,6 +18,8 @@
   ``function<｜tool▁sep｜>NAME`` and the arguments in a fenced JSON block (```` ```json ````), calls separated by a
   newline; V3.1 writes ``NAME<｜tool▁sep｜>ARGUMENTS``, calls chained. Either reads both. Neither template renders the
   tool schemas: the prompt describes them as DeepSeek-V3.1's model card does (`describe`).
+- ``gemma4``: ``<|tool_call>call:NAME{key:value,…}<tool_call|>`` with bare keys and ``<|"|>``-delimited strings
+  (Gemma 4). The model ends its calls with ``<|tool_response>``; the results follow in the same model turn.
 - ``glm45``: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>`` / ``<arg_value>V</arg_value>`` pairs, then
   ``</tool_call>`` (GLM-4.5, GLM-4.6; values typed by the tool's schema, as ``qwen3_coder``'s). Its template closes
   no turn: the model ends a calling turn with ``<|observation|>``, an answer with ``<|user|>``
@@ -37,18 +39,24 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from dataclasses import replace
 from typing import Any
 
+from searchrl.core.config import CallFormat
 from searchrl.core.errors import DataError
 from searchrl.envs.tools import CLOSE, OPEN, Tool, ToolCall, _loads, _one_call, parse_tool_calls
 
-FORMATS = ("hermes", "qwen3_coder", "llama3_json", "glm45", "mistral", "deepseek_v3", "deepseek_v31")
+FORMATS: tuple[str, ...] = tuple(f for f in typing.get_args(CallFormat) if f != "auto")
 MISTRAL_CALLS = "[TOOL_CALLS]"
 # DeepSeek's control tokens (its vocabulary's added tokens; full-width bars, "▁" for a space)
 DS_CALLS, DS_CALLS_END = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>"
 DS_CALL, DS_CALL_END = "<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581call\u2581end\uff5c>"
 DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
+# Gemma 4's: a call's block, and the delimiter of a string in its arguments (keys are bare)
+GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+_GEMMA_STRING = re.compile(re.escape(GEMMA_QUOTE) + r"(.*?)" + re.escape(GEMMA_QUOTE), re.S)
+_GEMMA_KEY = re.compile(r'"(?:\\.|[^"\\])*"|(?<=[{,])(\s*)([A-Za-z_][\w.-]*)(\s*):')
 _MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
 _FUNCTION = re.compile(r"<function=([^>\n]{1,200})>(.*?)(?:</function>|\Z)", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
@@ -59,7 +67,6 @@ UNSUPPORTED = {
     "deepseek_dsml": ("DeepSeek V3.2 / V4 (DSML)", "DSML"),
     "gpt_oss": ("gpt-oss (harmony)", "<|channel|>"),
     "gemma": ("Gemma", "<start_of_turn>"),
-    "gemma4": ("Gemma 4", "<|tool_call>"),
 }
 
 
@@ -75,6 +82,8 @@ def detect(template: str | None) -> str:
         return "mistral"
     if DS_CALLS in text:
         return "deepseek_v3" if "```json" in text else "deepseek_v31"
+    if GEMMA_CALL in text and "call:" in text:
+        return "gemma4"
     for name, (_, marker) in UNSUPPORTED.items():
         if marker in text:
             return name
@@ -116,6 +125,8 @@ def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None)
         return _parse_mistral(text, tools, limit)
     if fmt in ("deepseek_v3", "deepseek_v31"):
         return parse_tool_calls(text, tools, limit, _deepseek_call, (DS_CALL, DS_CALL_END))
+    if fmt == "gemma4":
+        return parse_tool_calls(text, tools, limit, _gemma_call, (GEMMA_CALL, GEMMA_CALL_END))
     return parse_tool_calls(text, tools, limit)
 
 
@@ -144,6 +155,8 @@ def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
     if fmt == "deepseek_v31":
         body = f"{name}{DS_SEP}{json.dumps(arguments, ensure_ascii=False)}"
         return f"{DS_CALLS}{DS_CALL}{body}{DS_CALL_END}{DS_CALLS_END}"
+    if fmt == "gemma4":  # as Gemma 4's template writes a call: keys sorted and bare, strings in <|"|>
+        return f"{GEMMA_CALL}call:{name}{_gemma_value(dict(arguments))}{GEMMA_CALL_END}"
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
 
 
@@ -219,6 +232,52 @@ def _deepseek_call(body: str, tools: dict[str, Tool]) -> ToolCall:
     if bad is not None:
         return bad
     return _one_call(json.dumps({"name": name, "arguments": obj}, ensure_ascii=False), tools)
+
+
+def _gemma_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+    """One ``<|tool_call>`` block's body, ``call:NAME{key:value,…}``: Gemma 4's arguments, whose keys are bare and
+    whose strings sit between ``<|"|>`` delimiters, read as JSON (as transformers' response parser reads them:
+    the strings taken out first, then the bare keys quoted)."""
+    body = body.strip()
+    if not body.startswith("call:") or "{" not in body:
+        return ToolCall(
+            None, error="missing_name", detail=f"a call is {GEMMA_CALL}call:NAME{{key:value}}{GEMMA_CALL_END}"
+        )
+    name, brace, args = body[len("call:") :].partition("{")
+    obj, bad = gemma_arguments(brace + args)
+    if bad is not None:
+        return bad
+    return _one_call(json.dumps({"name": name.strip(), "arguments": obj}, ensure_ascii=False), tools)
+
+
+def gemma_arguments(text: str) -> tuple[Any, ToolCall | None]:
+    """Gemma 4's ``{key:value,…}`` as JSON: the ``<|"|>`` strings taken out (NUL bytes dropped: they mark the
+    places), the bare keys quoted, the strings put back; or the call that says why it cannot be read."""
+    strings: list[str] = []
+
+    def keep(m: re.Match[str]) -> str:
+        strings.append(m.group(1))
+        return f"\x00{len(strings) - 1}\x00"
+
+    text = _GEMMA_STRING.sub(keep, text.replace("\x00", ""))
+    text = _GEMMA_KEY.sub(
+        lambda m: m.group(0) if m.group(2) is None else f'{m.group(1)}"{m.group(2)}"{m.group(3)}:', text
+    )
+    text = re.sub("\x00(\\d+)\x00", lambda m: json.dumps(strings[int(m.group(1))], ensure_ascii=False), text)
+    return _loads(text)
+
+
+def _gemma_value(value: Any) -> str:
+    """A value as Gemma 4's template writes an argument (its ``format_argument`` with bare keys)."""
+    if isinstance(value, str):
+        return f"{GEMMA_QUOTE}{value}{GEMMA_QUOTE}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_gemma_value(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_gemma_value(v) for v in value) + "]"
+    return str(value)
 
 
 def describe(fmt: str, schemas: list[dict[str, Any]]) -> str:

@@ -48,7 +48,9 @@ class ChatFormat:
         self.end_of_turn = self._end_of_turn()
         self.call_end = self._call_end()
         self.opens_think = self._opens_think()
-        self._specials = _special_pattern(tokenizer)
+        # Gemma 4 writes a tool's result between <|"|> delimiters: one in the result would close it
+        quote = '<|"|>' if '<|"|>' in str(tokenizer.chat_template) else None
+        self._specials = _special_pattern(tokenizer, quote)
 
     @classmethod
     def from_template(cls, template: str, template_kwargs: dict[str, Any] | None = None) -> ChatFormat:
@@ -132,6 +134,8 @@ class ChatFormat:
         tool = {"role": "tool", "name": "search", "content": "r", "tool_call_id": STAND_IN_ID}
         with_tool = self._with_calls([user], calls, [STAND_IN_ID], [tool])
         marker = _MARKER.match(with_tool[len(closed) :]) if with_tool.startswith(closed) else None
+        if marker is None:  # Gemma 4 writes a turn's content after its calls: the marker closes the calls
+            marker = _MARKER.fullmatch(after.rstrip())
         return marker.group(1) if marker else self.end_of_turn
 
     @property
@@ -177,6 +181,10 @@ class ChatFormat:
         ]
         text = self._with_calls([{"role": "user", "content": "q"}], calls, ids, tool_msgs)
         start = text.find(_MARK)
+        if start >= 0 and text.find(self.call_end, start) < 0:
+            # the content is written after the calls and their results (Gemma 4): the stand-in goes without
+            text = self.render([{"role": "user", "content": "q"}, _stand_in(calls, ids, ""), *tool_msgs])
+            start = -1
         if start < 0:  # the template drops a tool-calling turn's content: the turn starts after the prompt
             prompt = self.render([{"role": "user", "content": "q"}])
             start = len(prompt) if text.startswith(prompt) else -1
@@ -240,7 +248,7 @@ def _with_tools_described(
     return [{"role": "system", "content": text}, *messages]
 
 
-def _special_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+def _special_pattern(tokenizer: Any, extra: str | None = None) -> re.Pattern[str] | None:
     """A pattern matching the text of every special token the tokenizer parses out of text (its added
     tokens marked special: ``<|im_end|>``, ``<|eot_id|>``, …), longest first."""
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
@@ -253,6 +261,7 @@ def _special_pattern(tokenizer: Any) -> re.Pattern[str] | None:
     texts |= {
         c for t in decoder.values() if (c := str(t.content)).startswith("<\uff5c") and c.endswith("\uff5c>")
     }
+    texts |= {extra} if extra else set()
     if not texts:
         return None
     return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))

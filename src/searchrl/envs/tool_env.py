@@ -368,7 +368,7 @@ class ToolEnv(SearchEnv):
 
         call = write(self.call_format, "search", {"query": query})
         # the whole turn is the call (Mistral's templates refuse a turn with both text and calls)
-        if self.call_format in ("llama3_json", "mistral"):
+        if self.call_format in ("llama3_json", "mistral", "gemma4"):
             return f"{call}{self.format.call_end}"
         return f"{self._think(think)}{call}{self.format.call_end}"
 
