@@ -154,3 +154,15 @@ def test_any_text_is_calls_or_an_answer(qwen_tok, name, pieces):
     [(obs, done, info)] = env.step_batch([state], [text + env.format.end_of_turn], stopped=[True])
     qwen_tok(obs, add_special_tokens=False)
     assert done == (info.kind == "answer")
+
+
+@pytest.mark.parametrize("name", call_formats.FORMATS)
+def test_the_tools_description_shows_each_formats_call(name):
+    """What a template that renders no schemas gets in its system prompt: each tool, and a call in the format."""
+    schema = {"type": "function", "function": {"name": "search", "description": "Find it.", "parameters": {"type": "object"}}}  # fmt: skip
+    text = call_formats.describe(name, [schema])
+    assert text.startswith("## Tools\n") and "### search\nDescription: Find it.\n" in text
+    assert 'Parameters: {"type": "object"}' in text and "tool_call_name" in text
+    marker = {"hermes": "<tool_call>", "glm45": "<tool_call>", "qwen3_coder": "<function=", "mistral": "[TOOL_CALLS]",
+              "llama3_json": '"parameters"', "gemma4": "<|tool_call>call:"}.get(name, call_formats.DS_CALLS)  # fmt: skip
+    assert marker in text
