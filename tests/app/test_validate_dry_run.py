@@ -82,16 +82,16 @@ def test_validate_accepts_exactly_what_a_dry_run_builds(
 
 
 def test_validate_refuses_a_model_whose_tool_calls_we_do_not_read(tmp_path, capsys, qwen_model_dir, fixtures):
-    """A local model whose chat template writes Gemma 4's tool calls: refused by name at validate (and by the
-    dry run), not read as Hermes; the user's `env.call_format` overrides it (issue 65)."""
+    """A local model whose chat template writes gpt-oss's (harmony) tool calls: refused by name at validate (and by
+    the dry run), not read as Hermes; the user's `env.call_format` overrides it."""
     import shutil
     from importlib.resources import files
 
-    model = tmp_path / "gemma-like"
+    model = tmp_path / "gpt-oss-like"
     shutil.copytree(qwen_model_dir, model)
     for name in ("chat_template.jinja", "chat_template.json"):
         (model / name).unlink(missing_ok=True)
-    (model / "chat_template.jinja").write_text((files("trl") / "chat_templates" / "gemma4.jinja").read_text())
+    (model / "chat_template.jinja").write_text((files("trl") / "chat_templates" / "gptoss.jinja").read_text())
     questions = fixtures / "flashrag.jsonl"
     over = [
         f"data.train={questions}",
@@ -102,5 +102,5 @@ def test_validate_refuses_a_model_whose_tool_calls_we_do_not_read(tmp_path, caps
     template = REPO / "experiments" / "templates" / "qa_tools.yaml"
     for verb in (["validate"], ["train", "--dry-run"]):
         said = outcome([verb[0], str(template), *verb[1:], *over], capsys)
-        assert "env.call_format" in said and "Gemma 4" in said, said
-    assert "Gemma 4" not in outcome(["validate", str(template), *over, "env.call_format=hermes"], capsys)
+        assert "env.call_format" in said and "gpt-oss" in said, said
+    assert "gpt-oss" not in outcome(["validate", str(template), *over, "env.call_format=hermes"], capsys)
