@@ -125,7 +125,8 @@ ARGS = st.dictionaries(
 def test_arguments_read_back_and_as_transformers_reads_them(args):
     """Our reading of a call's arguments against transformers' response parser for Gemma 4 (its ``json`` content
     parser with the ``<|"|>`` string delimiters and bare keys: `transformers.utils.chat_parsing`)."""
-    from transformers.utils.chat_parsing.content_parsers import _json
+    # the response parser came with transformers 5.13; the tested set (constraints.txt) has it
+    _json = pytest.importorskip("transformers.utils.chat_parsing.content_parsers")._json
 
     text = call("echo", **args)[len(GEMMA_CALL) : -len(GEMMA_CALL_END)][len("call:echo") :]
     if any(c in text for c in "\x00\x01\x02") or GEMMA_QUOTE[:-1] in str(args):
