@@ -45,6 +45,9 @@ class ChatFormat:
         # tool protocol and the agent endpoint set it to the format they read
         self.call_format = found if found in FORMATS else "hermes"
         self.renders_tools = self._renders_tools()
+        # the stand-in form each kind of turn renders with (`_with_calls`), found once: every tool turn renders one
+        self._forms: dict[tuple[bool, bool], int] = {}
+        self._content_after_calls = False  # Gemma 4 writes a turn's content after its calls' results
         self.end_of_turn = self._end_of_turn()
         self.call_end = self._call_end()
         self.opens_think = self._opens_think()
@@ -179,12 +182,15 @@ class ChatFormat:
             {"role": "tool", "name": n, "content": self.escape(r), "tool_call_id": i}
             for (n, _), r, i in zip(calls, results, ids)
         ]
-        text = self._with_calls([{"role": "user", "content": "q"}], calls, ids, tool_msgs)
-        start = text.find(_MARK)
-        if start >= 0 and text.find(self.call_end, start) < 0:
+        user = [{"role": "user", "content": "q"}]
+        start = -1
+        if not self._content_after_calls:
+            text = self._with_calls(user, calls, ids, tool_msgs)
+            start = text.find(_MARK)
             # the content is written after the calls and their results (Gemma 4): the stand-in goes without
-            text = self.render([{"role": "user", "content": "q"}, _stand_in(calls, ids, ""), *tool_msgs])
-            start = -1
+            self._content_after_calls = start >= 0 and text.find(self.call_end, start) < 0
+        if self._content_after_calls:
+            text, start = self._with_calls(user, calls, ids, tool_msgs, marked=False), -1
         if start < 0:  # the template drops a tool-calling turn's content: the turn starts after the prompt
             prompt = self.render([{"role": "user", "content": "q"}])
             start = len(prompt) if text.startswith(prompt) else -1
@@ -200,22 +206,36 @@ class ChatFormat:
         ids: list[str],
         tool_msgs: list[dict[str, Any]],
         opened: bool = True,
+        marked: bool = True,
     ) -> str:
         """``before``, a stand-in assistant turn making ``calls``, then ``tool_msgs``, rendered. The stand-in
-        holds `_MARK` as its content where the template allows it; a template that refuses content beside calls
-        (Mistral's) gets none, and one that takes one call per turn (Meta's Llama 3.1 / 3.2) gets the first."""
+        holds `_MARK` as its content where the template allows it (and ``marked``); a template that refuses
+        content beside calls (Mistral's) gets none, one that takes one call per turn (Meta's Llama 3.1 / 3.2)
+        gets the first, and one that joins the arguments as text (DeepSeek-V3's) gets them as JSON text. The form
+        that rendered is tried first the next time."""
+        contents = (_MARK, "") if marked else ("",)
         tries = [
             (made, content, text)
-            for text in (False, True)  # arguments as an object, then as JSON text (DeepSeek-V3's template)
-            for made, content in ((calls, _MARK), (calls, ""), (calls[:1], _MARK), (calls[:1], ""))
+            for text in (False, True)
+            for made in (calls, calls[:1])
+            for content in contents
         ]
-        for made, content, text in tries[:-1]:
+        key = (len(calls) > 1, marked)
+        first = self._forms.get(key, 0)
+        order = [first, *(i for i in range(len(tries)) if i != first)]
+
+        def attempt(i: int) -> str:
+            made, content, text = tries[i]
+            out = self.render([*before, _stand_in(made, ids, content, text), *tool_msgs], opened=opened)
+            self._forms[key] = i
+            return out
+
+        for i in order[:-1]:
             try:
-                return self.render([*before, _stand_in(made, ids, content, text), *tool_msgs], opened=opened)
+                return attempt(i)
             except Exception:
                 continue
-        made, content, text = tries[-1]
-        return self.render([*before, _stand_in(made, ids, content, text), *tool_msgs], opened=opened)
+        return attempt(order[-1])  # its error is the template's
 
 
 STAND_IN_ID = "searchrl0"  # a call id of the length Mistral's templates require (nine letters or digits)

