@@ -79,3 +79,50 @@ def test_warm_start_arguments_are_checked_under_their_own_key():
     with pytest.raises(ConfigError, match=r"key 'warm_start.args.sampled_sofmax': unknown key") as e:
         check_arguments(exp, "q.yaml")
     assert "did you mean 'sampled_softmax'?" in str(e.value)
+
+
+def test_the_checked_experiment_carries_its_algorithm_sections_typed():
+    """`check_arguments` returns the experiment with ``algorithm.settings`` and ``warm_start.settings`` the
+    algorithms' own ``Config`` objects, converted once; a file cannot set them, and the saved config keeps the
+    keys as written."""
+    from searchrl.algorithms.grpo import GRPOConfig
+    from searchrl.algorithms.sft import SFTConfig
+    from searchrl.app.experiment import check_arguments, resolve
+    from searchrl.core.config import to_dict
+
+    exp = load_experiment(EXP / "quickstart.yaml", ["algorithm.kl_coef=0.25"])
+    assert exp.algorithm is not None and exp.algorithm.settings is None  # the schema alone cannot type them
+    typed = check_arguments(exp, "q.yaml")
+    assert typed.algorithm is not None and typed.warm_start is not None
+    assert isinstance(typed.algorithm.settings, GRPOConfig) and typed.algorithm.settings.kl_coef == 0.25
+    assert isinstance(typed.warm_start.settings, SFTConfig)
+    assert resolve(typed) is typed  # converted once
+    assert to_dict(typed) == to_dict(exp) and "settings" not in to_dict(typed)["algorithm"]
+    p = plan(typed)
+    assert p.stages[0].config is typed.warm_start.settings and p.stages[1].config is typed.algorithm.settings
+    for override in ("algorithm.settings={clip: 0.1}", "warm_start.settings={}"):
+        with pytest.raises(ConfigError, match="unknown key"):
+            check_arguments(load_experiment(EXP / "quickstart.yaml", [override]), "q.yaml")
+
+
+USER_ALGORITHM = """
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PlainConfig:
+    lr_scale: float = 1.0
+
+
+class Mine:
+    Config = PlainConfig
+"""
+
+
+def test_an_algorithm_whose_config_is_not_typed_settings_is_refused_by_name(tmp_path, monkeypatch):
+    (tmp_path / "my_algo_plain.py").write_text(USER_ALGORITHM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    exp = load_experiment(None, ["algorithm={name: 'my_algo_plain:Mine'}"])
+    with pytest.raises(ConfigError, match="extends searchrl.core.config.AlgorithmSettings") as e:
+        plan(exp)
+    assert "my_algo_plain.Mine" in str(e.value)

@@ -8,7 +8,7 @@ from searchrl.core.registry import Registry
 
 if TYPE_CHECKING:
     from searchrl.algorithms.base import Requirements
-    from searchrl.core.config import EnvConfig, KeySources
+    from searchrl.core.config import AlgorithmSettings, EnvConfig, KeySources
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 # Lazy so that configs can be validated without importing torch.
@@ -42,14 +42,24 @@ def algorithm_config(
     source: str = "<config>",
     key: str = "algorithm",
     ctx: KeySources | None = None,
-) -> Any:
+) -> AlgorithmSettings:
     """Algorithm ``name``'s typed ``Config`` from its arguments (``algorithm:`` without ``name``): the one
     conversion of an algorithm section. The registry names it holds (a policy loss, a judge) are left in
     ``ctx`` for the loader to check (`searchrl.app.experiment.resolve`)."""
-    from searchrl.core.config import from_dict
+    from searchrl.core.config import AlgorithmSettings, from_dict
+    from searchrl.core.errors import ConfigError
 
     cls: Any = ALGORITHMS.get(name)
-    return from_dict(cls.Config, args, source=source, key=key, ctx=ctx)
+    conf = getattr(cls, "Config", None)
+    if not (isinstance(conf, type) and issubclass(conf, AlgorithmSettings)):
+        raise ConfigError(
+            f"algorithm '{name}' ({cls.__module__}.{cls.__qualname__}) needs a frozen dataclass `Config` that "
+            f"extends searchrl.core.config.AlgorithmSettings (a policy-gradient one: PolicyObjective), got {conf!r}",
+            file=source,
+            key=key,
+            hint="docs/design.md, 'An algorithm'",
+        )
+    return from_dict(conf, args, source=source, key=key, ctx=ctx)  # type: ignore[no-any-return]
 
 
 def requirements(name: str, config: Any, env: EnvConfig, source: str = "<config>") -> Requirements:

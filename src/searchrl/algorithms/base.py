@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
+from searchrl.core.config import AlgorithmSettings
 from searchrl.core.types import RolloutBatch, Trajectory
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class Context:
 
 
 class Algorithm(ABC):
-    Config: ClassVar[type]
+    Config: ClassVar[type[AlgorithmSettings]]  # its keys, typed (docs/design.md, 'An algorithm')
     # its training rows are whole episodes of the rollout loop, G per question (an asynchronous rollout
     # worker can then collect them ahead of the trainer); False: it builds them itself (SLATE's step search)
     episodic: ClassVar[bool] = True

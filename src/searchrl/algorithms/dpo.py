@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from searchrl.algorithms.base import Requirements
 from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
-from searchrl.core.config import AT_LEAST_0, POSITIVE, Range, check_ranges, setting
+from searchrl.core.config import AT_LEAST_0, POSITIVE, AlgorithmSettings, Range, check_ranges, setting
 from searchrl.core.types import RolloutBatch
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ HALF_OPEN_HALF: Range = (lambda v: 0 <= v < 0.5, "in [0, 0.5) (at 0.5 the loss i
 
 
 @dataclass(frozen=True)
-class DPOConfig:
+class DPOConfig(AlgorithmSettings):
     beta: float = setting(0.1, "β of the implicit reward β·log(π/π_ref) (RAG-Gym, Rafailov et al.)", POSITIVE)
     label_smoothing: float = setting(
         0.0, "conservative DPO's label noise (0: the plain sigmoid loss)", HALF_OPEN_HALF

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from searchrl.algorithms.correction import RolloutCorrection
-from searchrl.core.config import AT_LEAST_0, POSITIVE, Range, check_ranges, setting
+from searchrl.core.config import AT_LEAST_0, POSITIVE, AlgorithmSettings, Range, check_ranges, setting
 from searchrl.core.errors import RegistryError
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm"]
@@ -192,7 +192,7 @@ def check_loss(name: str, loss_agg: str, dual_clip: float | None, args: dict[str
 
 
 @dataclass(frozen=True)
-class PolicyObjective:
+class PolicyObjective(AlgorithmSettings):
     """The clipped-ratio objective's keys (ReSearch eq. 1; Search-R1's PPO), common to every policy-gradient
     algorithm. Defaults are ReSearch's Table 4; PPO redeclares its KL's."""
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from searchrl.algorithms.base import Requirements, head_param_groups
 from searchrl.algorithms.preference import PairwiseAlgorithm, pair_split, place_pair_loss
-from searchrl.core.config import POSITIVE, check_ranges, setting
+from searchrl.core.config import POSITIVE, AlgorithmSettings, check_ranges, setting
 from searchrl.core.types import RolloutBatch, Segment, Trajectory
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class PRMConfig:
+class PRMConfig(AlgorithmSettings):
     head_lr: float | None = setting(None, "the scoring head's learning rate; null: 10 × trainer.lr", POSITIVE)
     loss_agg: Literal["seq-mean-token-sum"] = setting("seq-mean-token-sum", "the pair loss is placed per row")
 

@@ -15,7 +15,7 @@ import torch
 from searchrl.algorithms.base import Algorithm, Requirements
 from searchrl.algorithms.loss_terms import nll_loss
 from searchrl.core.aggregate import Sum
-from searchrl.core.config import AT_LEAST_0, check_ranges, setting
+from searchrl.core.config import AT_LEAST_0, AlgorithmSettings, check_ranges, setting
 from searchrl.core.types import RolloutBatch, Segment, Step, Trajectory
 from searchrl.rollout.loop import encode
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(AlgorithmSettings):
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = setting(
         "token-mean", "how token losses become the batch's loss"
     )

@@ -402,7 +402,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             "--resume continues a run from its checkpoints and --force deletes them to start over: pass one"
         )
     exp = load_experiment(args.config, args.overrides)
-    resolved = check_experiment(exp, args.config)
+    exp = check_experiment(exp, args.config)
     if args.executor == "slurm" and not args.dry_run:
         from pathlib import Path
 
@@ -423,11 +423,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.dry_run:
         from searchrl.app.dry_run import dry_run
 
-        for line in dry_run(exp, args.config, resolved):
+        for line in dry_run(exp, args.config):
             print(f"  {line}")
         print(f"dry run ok: {args.config}: every stage builds; nothing was trained")
         return
-    train(exp, resume=args.resume, force=args.force, resolved=resolved)
+    train(exp, resume=args.resume, force=args.force)
 
 
 def _kv(items: list[str], flag: str = "--arg") -> dict:

@@ -48,6 +48,8 @@ def rows(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, s
     hints = typing.get_type_hints(cls)
     out: list[tuple[str, str, str, str, str]] = []
     for f in dataclasses.fields(cls):
+        if f.metadata.get("derived"):  # filled in by the loader, never written in a file
+            continue
         key = f"{prefix}{f.name}"
         t = hints.get(f.name, f.type)
         nested = [a for a in (t, *typing.get_args(t)) if dataclasses.is_dataclass(a)]

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from searchrl.core.config import Experiment
 from searchrl.core.errors import ConfigError
 
 
-def dry_run(exp: Experiment, source: str, resolved: Any) -> list[str]:
+def dry_run(exp: Experiment, source: str) -> list[str]:
     """The checks above, in the order `train` meets them, on an experiment `searchrl.app.checks.check_experiment`
-    accepted (``resolved``: what it returned); a line per thing built. Raises what `train` would."""
+    accepted (and returned, resolved); a line per thing built. Raises what `train` would."""
     from searchrl.algorithms import requirements
     from searchrl.app.experiment import _local_path
     from searchrl.app.plan import WARM, plan
@@ -31,7 +30,7 @@ def dry_run(exp: Experiment, source: str, resolved: Any) -> list[str]:
 
     lines: list[str] = []
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    p = plan(exp, resolved)  # `check_experiment` (app.checks) has already run the stage checks on it
+    p = plan(exp)  # `check_experiment` (app.checks) has already run the stage checks on it
     try:
         check_run_dir(exp, force=False, resume=True)  # a directory trained with another config
         resources = Resources(exp)

@@ -14,7 +14,7 @@ import inspect
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,43 +86,38 @@ def check_names(ctx: KeySources) -> None:
             raise ctx.error(key, "invalid value", value=value, choices=choices)
 
 
-@dataclass(frozen=True)
-class Resolved:
-    """The experiment's algorithm arguments converted to their typed configs, once (`resolve`): the plan's
-    stages carry them to the trainer."""
-
-    algorithm: Any  # the algorithm's ``Config`` (None: the file has no algorithm section)
-    warm_start: Any  # the SFT warm start's `SFTConfig` (None: no warm start)
-
-
-def resolve(exp: Experiment, source: str = "<config>") -> Resolved:
-    """``algorithm`` and ``warm_start.args`` converted to their typed configs, their names checked."""
+def resolve(exp: Experiment, source: str = "<config>") -> Experiment:
+    """``exp`` with ``algorithm.args`` and ``warm_start.args`` converted, once, to their typed configs
+    (``algorithm.settings``: the algorithm's ``Config``; ``warm_start.settings``: SFT's), their names checked.
+    An experiment already resolved is returned as it is."""
     from searchrl.algorithms import algorithm_config
 
-    algo = None
-    if exp.algorithm is not None:
+    algo, warm = exp.algorithm, exp.warm_start
+    if algo is not None and algo.settings is None:
         ctx = KeySources()
-        algo = algorithm_config(exp.algorithm.name, exp.algorithm.args, source, "algorithm", ctx)
+        typed = algorithm_config(algo.name, algo.args, source, "algorithm", ctx)
         check_names(ctx)
-    warm = None
-    if exp.warm_start is not None:  # the SFT warm start's arguments, under their own key
+        algo = replace(algo, settings=typed)
+    if warm is not None and warm.settings is None:  # the SFT warm start's arguments, under their own key
         from searchrl.algorithms.sft import SFTConfig
 
-        warm = from_dict_checked(SFTConfig, exp.warm_start.args, source, "warm_start.args")
-    return Resolved(algo, warm)
+        warm = replace(warm, settings=from_dict_checked(SFTConfig, warm.args, source, "warm_start.args"))
+    if algo is exp.algorithm and warm is exp.warm_start:
+        return exp
+    return replace(exp, algorithm=algo, warm_start=warm)
 
 
-def check_arguments(exp: Experiment, source: str = "<config>", training: bool = True) -> Resolved:
+def check_arguments(exp: Experiment, source: str = "<config>", training: bool = True) -> Experiment:
     """Deeper checks that import the named objects: algorithm arguments against the algorithm's
     ``Config`` dataclass, reward ``args`` against the reward's keyword parameters, and (``training``: the
-    file will train its algorithm) that the algorithm can train the agent design. Returns the typed configs
-    (`resolve`), for `searchrl.app.plan.plan`."""
-    resolved = resolve(exp, source)
-    _check_algorithm(exp, resolved.algorithm, source, training)
+    file will train its algorithm) that the algorithm can train the agent design. Returns ``exp`` resolved
+    (`resolve`: its algorithm sections typed), for `searchrl.app.plan.plan` and `searchrl.app.train.train`."""
+    exp = resolve(exp, source)
+    _check_algorithm(exp, source, training)
     _check_named_args(exp.process_data, source, "process_data")
     _check_env_arguments(exp, source)
     _check_reward_arguments(exp, source)
-    return resolved
+    return exp
 
 
 def _local_path(path: str) -> bool:
@@ -278,9 +273,9 @@ def _check_data_source(exp: Experiment, source: str, absent: Callable[[MissingIn
             )
 
 
-def _check_algorithm(exp: Experiment, conf: Any, source: str, training: bool) -> None:
-    """The algorithm's arguments, that it can train the agent design, the asynchronous-rollout refusal, and
-    a process reward where the algorithm places per-step rewards."""
+def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
+    """The algorithm's arguments (``exp`` resolved), that it can train the agent design, the asynchronous-rollout
+    refusal, and a process reward where the algorithm places per-step rewards."""
     from searchrl.algorithms import ALGORITHMS, requirements
     from searchrl.envs.search import AGENTS, RERENDERED_AGENTS
     from searchrl.rewards import REWARDS
@@ -288,6 +283,7 @@ def _check_algorithm(exp: Experiment, conf: Any, source: str, training: bool) ->
 
     if exp.algorithm is not None:
         algo: Any = ALGORITHMS.get(exp.algorithm.name)
+        conf = exp.algorithm.settings
         _check_named_args(conf, source, "algorithm")
         req = requirements(exp.algorithm.name, conf, exp.env, source)
         if training and req.online and exp.env.agent in RERENDERED_AGENTS:

@@ -15,13 +15,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
-from searchrl.core.config import Experiment, TrainerConfig
+from searchrl.core.config import AlgorithmSettings, Experiment, TrainerConfig
 from searchrl.core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from searchrl.app.experiment import Resolved
 
 BASE, WARM = "base", "sft"  # the names of the start models a stage or an evaluation may refer to
 
@@ -30,7 +27,7 @@ BASE, WARM = "base", "sft"  # the names of the start models a stage or an evalua
 class Stage:
     name: str  # the stage's own name, the key its trained model is known by
     algorithm: str
-    config: Any  # the algorithm's typed ``Config``, converted once (`searchrl.app.experiment.resolve`)
+    config: AlgorithmSettings  # the algorithm's typed ``Config``, converted once (`searchrl.app.experiment.resolve`)
     trainer: TrainerConfig
     out: Path  # the stage's directory (checkpoints/, final/, metrics.jsonl)
     start: str  # BASE, WARM, or a model directory
@@ -53,9 +50,9 @@ class Plan:
     process_data: str | None  # collected process data the main stage reads
 
 
-def plan(exp: Experiment, resolved: Resolved | None = None) -> Plan:
-    """The stages and evaluations of ``exp``; ``resolved``: its typed configs where
-    `searchrl.app.experiment.check_arguments` already converted them (else they are converted here)."""
+def plan(exp: Experiment) -> Plan:
+    """The stages and evaluations of ``exp`` (its algorithm sections converted here unless
+    `searchrl.app.experiment.check_arguments` already did: `resolve`)."""
     from searchrl.algorithms import requirements
     from searchrl.app.experiment import resolve
 
@@ -63,10 +60,10 @@ def plan(exp: Experiment, resolved: Resolved | None = None) -> Plan:
         raise ConfigError(
             "`searchrl train` needs an algorithm section, e.g. algorithm: {name: grpo}", key="algorithm"
         )
-    if resolved is None:
-        resolved = resolve(exp)
-    algo = exp.algorithm.name
-    req = requirements(algo, resolved.algorithm, exp.env)
+    exp = resolve(exp)
+    assert exp.algorithm is not None and exp.algorithm.settings is not None
+    algo, settings = exp.algorithm.name, exp.algorithm.settings
+    req = requirements(algo, settings, exp.env)
     kind = req.data  # None (online), "trajectories" or "pairs"
     process = exp.process_data.out if kind else None
     if kind == "pairs" and process is None:
@@ -86,15 +83,14 @@ def plan(exp: Experiment, resolved: Resolved | None = None) -> Plan:
         if ws.checkpoint is not None:
             start = str(ws.checkpoint)
         else:
-            stages.append(
-                Stage(WARM, "sft", resolved.warm_start, ws.trainer, exp.out / "sft", BASE, "teacher")
-            )
+            assert ws.settings is not None  # `resolve` typed it
+            stages.append(Stage(WARM, "sft", ws.settings, ws.trainer, exp.out / "sft", BASE, "teacher"))
             start = WARM
             teacher_passes = ws.teacher_passes
         evaluations.append(Evaluation(WARM, start))
     data = "online" if kind is None else "teacher" if teacher_main else f"process-{kind}"
     name = algo if algo != WARM or not warm else f"{algo} (process data)"
-    stages.append(Stage(name, algo, resolved.algorithm, exp.trainer, exp.out, start, data))  # type: ignore[arg-type]
+    stages.append(Stage(name, algo, settings, exp.trainer, exp.out, start, data))  # type: ignore[arg-type]
     if req.acts:
         evaluations.append(Evaluation(name, name))
     else:
@@ -102,9 +98,7 @@ def plan(exp: Experiment, resolved: Resolved | None = None) -> Plan:
     return Plan(tuple(stages), tuple(evaluations), teacher_passes, str(process) if process else None)
 
 
-def check_stages(
-    exp: Experiment, resolved: Resolved, source: str = "<config>", world: int | None = None
-) -> None:
+def check_stages(exp: Experiment, source: str = "<config>", world: int | None = None) -> None:
     """What each training stage refuses when it starts, checked at load by the same functions the stage runs
     (so `validate` and `train` cannot drift): the plan itself (`searchrl.app.plan.plan`), teacher data only
     on the synthetic world, each stage's batch shape (`searchrl.engine.schedule.batch_shape`) on ``world``
@@ -114,7 +108,7 @@ def check_stages(
     from searchrl.engine.schedule import batch_shape
 
     try:
-        p = plan(exp, resolved)
+        p = plan(exp)
     except ConfigError as exc:
         raise exc.at(source) from None
     if p.teacher_passes and exp.data.source != "synthetic":

@@ -175,9 +175,9 @@ def check(sweep: Sweep) -> None:
 
     for r in sweep.runs:
         exp, where = load_experiment(r.config, list(r.overrides)), f"{r.config} (run {r.name})"
-        resolved = check_arguments(exp, where)
+        exp = check_arguments(exp, where)
         if exp.algorithm is not None:
-            check_stages(exp, resolved, where)
+            check_stages(exp, where)
 
 
 def _load_status(sweep: Sweep) -> dict[str, Any]:

@@ -14,15 +14,12 @@ from collections.abc import MutableMapping
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from searchrl.app.resources import Resources, local_model_dir
 from searchrl.core.config import Experiment
 from searchrl.core.errors import ConfigError
 from searchrl.data.example import read_jsonl, write_jsonl
-
-if TYPE_CHECKING:
-    from searchrl.app.experiment import Resolved
 
 
 def teacher_sft_records(resources: Resources, passes: int) -> list[dict[str, Any]]:
@@ -213,19 +210,17 @@ def default_cuda_allocator(exp: Experiment, environ: MutableMapping[str, str] | 
     return env[ALLOC_CONF]
 
 
-def train(
-    exp: Experiment, resume: bool = False, force: bool = False, resolved: Resolved | None = None
-) -> dict[str, Any]:
+def train(exp: Experiment, resume: bool = False, force: bool = False) -> dict[str, Any]:
     """Run `searchrl.app.plan.plan(exp)`: its stages, then its evaluations. ``force``: start over in a run
-    directory trained with another config (its results are deleted); ``resolved``: the typed configs
-    `searchrl.app.experiment.check_arguments` returned."""
+    directory trained with another config (its results are deleted). ``exp`` as
+    `searchrl.app.experiment.check_arguments` returns it (resolved), or as loaded (resolved here)."""
     from searchrl.app.plan import BASE, plan
     from searchrl.app.rundir import check_run_dir, claim_run_dir
     from searchrl.engine.engine import distributed_state, wait_for_main
 
     default_cuda_allocator(exp)  # before anything starts CUDA in this process
     state = distributed_state(exp.distributed.timeout)
-    p = plan(exp, resolved)
+    p = plan(exp)
     resources = Resources(exp)
     out = exp.out
     records = None

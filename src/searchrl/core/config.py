@@ -501,6 +501,14 @@ class RewardSpec:
 
 
 @dataclass(frozen=True)
+class AlgorithmSettings:
+    """An algorithm's own keys, typed: the base of every algorithm's ``Config`` (`searchrl.algorithms`, above this
+    schema, so the schema cannot name them). A file's algorithm keys are read as written (`AlgorithmConfig.args`)
+    and converted once into the algorithm's ``Config`` by `searchrl.app.experiment.resolve`, which sets
+    `AlgorithmConfig.settings` (and `WarmStartConfig.settings`); from there on the experiment carries them typed."""
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     """``algorithm: {name: grpo, clip: 0.2, ...}``: every key but ``name`` is the algorithm's own."""
 
@@ -511,6 +519,10 @@ class AlgorithmConfig:
     )
     args: dict[str, Any] = setting(
         dict, "every other key of the section: the algorithm's own (listed per algorithm below)"
+    )
+    # filled in by the loader (``derived``: never read from a file nor written to one)
+    settings: AlgorithmSettings | None = setting(
+        None, "args as the algorithm's typed Config (`searchrl.app.experiment.resolve`)", derived=True
     )
 
 
@@ -792,6 +804,9 @@ class WarmStartConfig:
         4, "teacher trajectories per train question (each pass: new noise and names)", AT_LEAST_1
     )
     args: dict[str, Any] = setting(dict, "SFT algorithm arguments, e.g. {loss_on: all}")
+    settings: AlgorithmSettings | None = setting(
+        None, "args as SFT's typed Config (`searchrl.app.experiment.resolve`)", derived=True
+    )
     trainer: TrainerConfig = setting(
         lambda: TrainerConfig(
             steps=600,
@@ -1036,7 +1051,7 @@ def _convert_dataclass(cls: Any, value: Any, ctx: KeySources, key: str, base: An
         raise ctx.error(key, f"expected a mapping for section '{cls.__name__}'", value=value)
     value = dict(value)
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
     if cls is AlgorithmConfig:  # flat YAML: every key but name is an algorithm argument
         value = {"name": value.pop("name", AlgorithmConfig.name), "args": value}
         base = None
@@ -1097,7 +1112,11 @@ def _check_names(f: dataclasses.Field, value: Any, ctx: KeySources, key: str) ->
 
 def to_dict(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        out = {
+            f.name: to_dict(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not f.metadata.get("derived")
+        }
         if isinstance(obj, AlgorithmConfig):
             out = {"name": obj.name, **obj.args}
         return out

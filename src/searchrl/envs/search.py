@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from searchrl.core.config import EnvConfig
 from searchrl.core.errors import DataError
 from searchrl.core.records import Doc, Example
 from searchrl.core.types import EnvState, StepInfo
@@ -57,6 +58,10 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+# The environments' keyword defaults are the ``env`` section's (one place); the registry entries in
+# `searchrl.app.environments` build them from the experiment's section.
+ENV = EnvConfig()
+
 # the thought before the answer IGPO teacher-forces (its code: "Now there's enough information to answer")
 PROBE_THOUGHT = "Now there is enough information to answer."
 
@@ -65,19 +70,19 @@ class SearchEnv:
     def __init__(
         self,
         retriever: Retriever,
-        tags: str | TagSet = "search_r1",
-        template: str | ChatTemplate = "search_r1",
-        topk: int = 3,
-        max_turns: int = 4,
-        max_query_chars: int = 256,
-        on_budget: str = "force_answer",
-        doc_max_words: int | None = None,
-        agent: str = "react",
+        tags: str | TagSet = ENV.tags,
+        template: str | ChatTemplate = "search_r1",  # the papers' prompt (the section's default is `short`)
+        topk: int = ENV.topk,
+        max_turns: int = ENV.max_turns,
+        max_query_chars: int = ENV.max_query_chars,
+        on_budget: str = ENV.on_budget,
+        doc_max_words: int | None = ENV.doc_max_words,
+        agent: str = ENV.agent,
         summarizer: Callable[[Sequence[tuple[str, str, Sequence[Doc]]]], list[str]] | None = None,
         chat: Callable[[list[dict[str, Any]]], str] | None = None,
-        doc_format: str = "search_r1",
-        query_separator: str | None = None,
-        max_parallel_queries: int = 4,
+        doc_format: str = ENV.doc_format,
+        query_separator: str | None = ENV.query_separator,
+        max_parallel_queries: int = ENV.max_parallel_queries,
     ) -> None:
         """``template``: a name in `TEMPLATES` (plain prompts, for base models), in `CHAT_TEMPLATES` (rendered
         through ``chat``, the tokenizer's chat template with the assistant turn opened, for instruct models),

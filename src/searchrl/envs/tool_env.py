@@ -56,7 +56,7 @@ from searchrl.core.errors import DataError
 from searchrl.core.records import Doc, Example
 from searchrl.core.types import EnvState, StepInfo
 from searchrl.envs.chat_format import ChatFormat
-from searchrl.envs.search import PROBE_THOUGHT, SearchEnv
+from searchrl.envs.search import ENV, PROBE_THOUGHT, SearchEnv
 from searchrl.envs.tags import CHAT_TEMPLATES, ChatTemplate
 from searchrl.envs.tools import CALL_ERRORS, TOOL_FAILURES, Tool, ToolCall, ToolResult, format_tool_docs
 
@@ -85,15 +85,15 @@ class ToolEnv(SearchEnv):
         chat: ChatFormat,
         tools: Sequence[Tool] | None = None,
         template: str | ChatTemplate = "tools",
-        topk: int = 3,
-        max_turns: int = 4,
-        max_tool_calls: int = 4,
-        on_budget: str = "force_answer",
-        doc_max_words: int | None = None,
-        max_query_chars: int = 256,
-        max_response_chars: int | None = 8192,
-        truncate_side: str = "right",
-        call_format: str = "auto",
+        topk: int = ENV.topk,
+        max_turns: int = ENV.max_turns,
+        max_tool_calls: int = ENV.max_tool_calls,
+        on_budget: str = ENV.on_budget,
+        doc_max_words: int | None = ENV.doc_max_words,
+        max_query_chars: int = ENV.max_query_chars,
+        max_response_chars: int | None = ENV.tool_response_max_chars,
+        truncate_side: str = ENV.tool_response_truncate,
+        call_format: str = ENV.call_format,
     ) -> None:
         """``tools``: default ``search`` over ``retriever``. ``template``: a chat prompt (`CHAT_TEMPLATES`);
         ``max_turns``: tool turns before the answer is due; ``max_tool_calls``: calls one turn may make;
