@@ -126,3 +126,34 @@ def test_an_algorithm_whose_config_is_not_typed_settings_is_refused_by_name(tmp_
     with pytest.raises(ConfigError, match="extends searchrl.core.config.AlgorithmSettings") as e:
         plan(exp)
     assert "my_algo_plain.Mine" in str(e.value)
+
+
+def test_validate_refuses_process_data_with_no_pairs_as_the_stage_would(tmp_path):
+    """A collection that kept nothing writes datasets `datasets` cannot load (IndexError in the DPO stage before):
+    `check_experiment` (validate, train before anything loads) and the stage refuse it with what the collection
+    found; data not collected yet is a missing input (`validate --allow-missing` lists it)."""
+    from searchrl.app.checks import check_experiment
+    from searchrl.app.process_data import load_pairs, load_sft, save
+    from searchrl.core.errors import MissingInput
+
+    summary = {"questions": 24, "kept_episodes": 0, "steps": 36, "pairs": 0}
+    exp = load_experiment(
+        EXP / "synthetic" / "raggym_dpo.yaml",
+        ["warm_start.checkpoint=null", f"process_data.out={tmp_path / 'pd'}"],
+    )
+    missing: list[MissingInput] = []
+    check_experiment(exp, "dpo.yaml", missing)
+    assert [m.key for m in missing] == ["process_data.out"] and "collect-process-data" in str(missing[0])
+    save(tmp_path / "pd", [], [], summary, exp, "m")
+    for check in (lambda: check_experiment(exp, "dpo.yaml"), lambda: load_pairs(tmp_path / "pd")):
+        with pytest.raises(
+            ConfigError, match=r"holds no preference pairs \(its collection: 0 pairs, 0 of 24"
+        ):
+            check()
+    with pytest.raises(ConfigError, match="holds no kept episodes"):
+        load_sft(tmp_path / "pd")
+    pair = {"id": "q", "question": "q", "prompt": "p", "actions": [], "observations": [], "step": 0,
+            "chosen": "a", "rejected": "b", "chosen_score": 1.0, "rejected_score": -1.0}  # fmt: skip
+    save(tmp_path / "pd", [pair], [], {**summary, "pairs": 1}, exp, "m")
+    check_experiment(exp, "dpo.yaml")
+    assert load_pairs(tmp_path / "pd") == [pair]

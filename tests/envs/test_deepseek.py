@@ -257,31 +257,10 @@ def test_an_openai_client_agent_on_deepseek_v31_trains_on_the_templates_ids(fres
     """The example agent (plain `openai` client) through the policy endpoint on V3.1's template: the tools it
     sends are described in the system prompt, its two tool rounds extend one row, and that row's ids are the
     tokenized rendering of the whole conversation by the template."""
-    pytest.importorskip("openai")
-    import sys
-
-    from searchrl.rollout.loop import rollout
-
-    from ..rollout.test_agent_program import EXAMPLES, PARAMS, Scripted
-    from ..rollout.test_agent_program import env_for as agent_env
+    from ..rollout.test_agent_program import example_agent_episode
 
     tok = fresh(V31)
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    sys.modules.pop("openai_search_agent", None)
-    import openai_search_agent
-
-    env = agent_env(tok, openai_search_agent.run)
-    gen = Scripted(tok, v31_turns, end=EOS)
-    [t], _ = rollout([EX], env, gen, tok, PARAMS, group_size=1, max_total_tokens=4096)
-    assert t.answer == "Ann Lee" and t.info["agent_rows"] == 1
-    messages = [{"role": "system", "content": openai_search_agent.SYSTEM},
-                {"role": "user", "content": f"Question: {EX.question}"}]  # fmt: skip
-    for q in ("Zelka director", "Ann Lee"):
-        docs = env.format_docs(env.retriever.search([q], 1)[0])
-        messages += [{"role": "assistant", "content": None, "tool_calls": [
-                      {"type": "function", "function": {"name": "search", "arguments": {"query": q}}}]},
-                     {"role": "tool", "content": docs}]  # fmt: skip
-    messages.append({"role": "assistant", "content": "Ann Lee"})
-    whole = ChatFormat(tok).render(messages, openai_search_agent.TOOLS, opened=False)
+    t, messages, tools = example_agent_episode(tok, v31_turns, monkeypatch, end=EOS)
+    whole = ChatFormat(tok).render(messages, tools, opened=False)
     assert "## Tools" in whole and "### search" in whole
     assert t.token_ids == tok(whole, add_special_tokens=False)["input_ids"]

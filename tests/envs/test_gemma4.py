@@ -221,31 +221,11 @@ def gemma_turns(prompt: str) -> str:
 def test_an_openai_client_agent_on_gemma4_trains_on_the_templates_ids(tokenizer, monkeypatch):
     """The example agent (plain `openai` client) through the policy endpoint: its two tool rounds extend one row
     (the results inside the model turn), whose text is the template's rendering of the whole conversation."""
-    pytest.importorskip("openai")
-    import sys
-
-    from searchrl.rollout.loop import rollout
-
-    from ..rollout.test_agent_program import EXAMPLES, PARAMS, Scripted
-    from ..rollout.test_agent_program import env_for as agent_env
+    from ..rollout.test_agent_program import example_agent_episode
 
     tokenizer.chat_template = shipped("gemma4")
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    sys.modules.pop("openai_search_agent", None)
-    import openai_search_agent
-
-    env = agent_env(tokenizer, openai_search_agent.run)
-    [t], _ = rollout([EX], env, Scripted(tokenizer, gemma_turns, end=""), tokenizer, PARAMS, 1, 4096)
-    assert t.answer == "Ann Lee" and t.info["agent_rows"] == 1
-    messages = [{"role": "system", "content": openai_search_agent.SYSTEM},
-                {"role": "user", "content": f"Question: {EX.question}"}]  # fmt: skip
-    for k, q in enumerate(("Zelka director", "Ann Lee")):
-        docs = env.format_docs(env.retriever.search([q], 1)[0])
-        messages += [{"role": "assistant", "content": None, "tool_calls": [{"id": f"c{k}", "type": "function",
-                      "function": {"name": "search", "arguments": {"query": q}}}]},
-                     {"role": "tool", "tool_call_id": f"c{k}", "content": docs}]  # fmt: skip
-    messages.append({"role": "assistant", "content": "Ann Lee"})
-    whole = ChatFormat(tokenizer).render(messages, openai_search_agent.TOOLS, opened=False).removesuffix("\n")
+    t, messages, tools = example_agent_episode(tokenizer, gemma_turns, monkeypatch)
+    whole = ChatFormat(tokenizer).render(messages, tools, opened=False).removesuffix("\n")
     # text, not ids: in Qwen's vocabulary Gemma's markers are plain text, so the sampled turn's ids and the
     # template's text after it split differently at the seam than the whole text would (in Gemma's they are tokens)
     assert tokenizer.decode(t.token_ids) == whole

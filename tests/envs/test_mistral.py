@@ -214,31 +214,13 @@ def test_an_openai_client_agent_on_mistral_trains_on_mistral_commons_ids(tok, re
     """The example agent (plain `openai` client) through the policy endpoint: the assistant messages it is sent
     back carry the model's own call ids, its tool messages name them, and the one row it trains on is
     mistral-common's rendering of the conversation, token for token."""
-    pytest.importorskip("openai")
-    import sys
-    from pathlib import Path
+    from ..rollout.test_agent_program import example_agent_episode
 
-    from searchrl.rollout.loop import rollout
+    def call(k: int, q: str) -> dict:
+        return {"id": f"call0000{k}", "type": "function",
+                "function": {"name": "search", "arguments": json.dumps({"query": q})}}  # fmt: skip
 
-    from ..rollout.test_agent_program import EXAMPLES, PARAMS, Scripted
-    from ..rollout.test_agent_program import env_for as agent_env
-
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    sys.modules.pop("openai_search_agent", None)
-    import openai_search_agent
-
-    env = agent_env(tok, openai_search_agent.run)
-    gen = Scripted(tok, mistral_turns, end="</s>")
-    [t], _ = rollout([EX], env, gen, tok, PARAMS, group_size=1, max_total_tokens=2048)
-    assert t.answer == "Ann Lee" and t.info["agent_rows"] == 1
-    queries = ["Zelka director", "Ann Lee"]
-    messages = [{"role": "system", "content": openai_search_agent.SYSTEM},
-                {"role": "user", "content": f"Question: {EX.question}"}]  # fmt: skip
-    for k, q in enumerate(queries):
-        docs = env.format_docs(env.retriever.search([q], 1)[0])
-        messages += [{"role": "assistant", "content": None, "tool_calls": [{"id": f"call0000{k}", "type": "function",
-                      "function": {"name": "search", "arguments": json.dumps({"query": q})}}]},
-                     {"role": "tool", "tool_call_id": f"call0000{k}", "content": docs}]  # fmt: skip
-    messages.append({"role": "assistant", "content": "Ann Lee"})
-    assert t.token_ids == reference_ids(reference, messages, openai_search_agent.TOOLS)
-    assert Path(openai_search_agent.__file__).parent == EXAMPLES
+    t, messages, tools = example_agent_episode(
+        tok, mistral_turns, monkeypatch, end="</s>", calls=call, limit=2048
+    )
+    assert t.token_ids == reference_ids(reference, messages, tools)

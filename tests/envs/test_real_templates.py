@@ -115,7 +115,6 @@ def test_qwen35_thinking_turns_start_inside_the_reasoning(tokenizer):
 @pytest.mark.parametrize(
     ("template", "family"),
     [
-        ("gemma3", "Gemma"),
         ("gptoss", "gpt-oss"),
     ],
 )

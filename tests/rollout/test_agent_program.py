@@ -82,6 +82,37 @@ def env_for(tok, program, **kwargs) -> AgentProgramEnv:
     )
 
 
+def example_agent_episode(
+    tok, turns, monkeypatch, end: str = "", calls=None, contents=(None, None), limit=4096
+):
+    """The example agent (`examples/agents/openai_search_agent.py`, plain `openai` client) through the policy
+    endpoint on ``tok``'s template, the policy scripted by ``turns`` (searching "Zelka director", then "Ann Lee",
+    then answering). Returns its trajectory, the conversation as OpenAI messages (the assistant turns' ``contents``,
+    each call as ``calls(k, query)`` makes it, by default without an id) and the tool schemas it sent."""
+    pytest.importorskip("openai")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    sys.modules.pop("openai_search_agent", None)
+    import openai_search_agent
+
+    env = env_for(tok, openai_search_agent.run)
+    [t], _ = rollout([EX], env, Scripted(tok, turns, end=end), tok, PARAMS, 1, limit)
+    assert t.answer == "Ann Lee" and t.info["agent_rows"] == 1
+    assert Path(openai_search_agent.__file__).parent == EXAMPLES
+    messages = [{"role": "system", "content": openai_search_agent.SYSTEM},
+                {"role": "user", "content": f"Question: {EX.question}"}]  # fmt: skip
+    for k, q in enumerate(("Zelka director", "Ann Lee")):
+        call = (
+            calls(k, q)
+            if calls
+            else {"type": "function", "function": {"name": "search", "arguments": {"query": q}}}
+        )
+        result = {"role": "tool", "content": env.format_docs(env.retriever.search([q], 1)[0])}
+        messages += [{"role": "assistant", "content": contents[k], "tool_calls": [call]},
+                     {**result, **({"tool_call_id": call["id"]} if "id" in call else {})}]  # fmt: skip
+    messages.append({"role": "assistant", "content": "Ann Lee"})
+    return t, messages, openai_search_agent.TOOLS
+
+
 def glm_turns(prompt: str) -> str:
     """`three_turns` as GLM-4.5 writes them: each ended as the model ends it."""
     from searchrl.envs.call_formats import write

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from searchrl.core.answers import exact_match
+from searchrl.core.errors import ConfigError, MissingInput
 from searchrl.envs.search import RERENDERED_AGENTS
 from searchrl.envs.synthetic.teacher import step_records, trajectory_record
 from searchrl.rewards.judges import ANNOTATORS, JudgeItem
@@ -170,15 +171,40 @@ def load_sft(path: str | Path) -> list[dict[str, Any]]:
 def _load(path: Path) -> list[dict[str, Any]]:
     from datasets import load_from_disk
 
-    from searchrl.core.errors import ConfigError
-
-    if not path.exists():
-        raise ConfigError(
-            "no process data there; collect it with `searchrl collect-process-data EXP.yaml --model DIR`",
-            key="process_data.out",
-            value=str(path.parent),
-        )
+    problem = check_collected(path.parent, path.name)
+    if problem is not None:
+        raise problem
     return [dict(r) for r in load_from_disk(str(path))]
+
+
+def check_collected(out: str | Path, part: str, source: str = "<config>") -> ConfigError | None:
+    """Why the process data at ``out`` cannot train a stage that reads its ``part`` (``pairs`` or ``sft``), or
+    None: not collected there (a `MissingInput`: an earlier command's output), or collected with no rows (a
+    collection that kept no episode or found no pair, which `datasets` cannot even load). `validate` and the stage
+    itself ask the same."""
+    path = Path(out) / part
+    if not (path / "state.json").is_file():
+        return MissingInput(
+            "no process data there",
+            file=source,
+            key="process_data.out",
+            value=str(out),
+            hint="collect it with `searchrl collect-process-data EXP.yaml --model DIR`",
+        )
+    if json.loads((path / "state.json").read_text(encoding="utf-8")).get("_data_files"):
+        return None
+    summary_file = Path(out) / "summary.json"
+    s = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.is_file() else {}
+    what = "preference pairs" if part == "pairs" else "kept episodes"
+    found = f" (its collection: {s.get('pairs', 0)} pairs, {s.get('kept_episodes', 0)} of {s.get('questions', '?')} episodes kept)"
+    return ConfigError(
+        f"the process data holds no {what}{found if s else ''}",
+        file=source,
+        key="process_data.out",
+        value=str(out),
+        hint="collect again from a stronger start policy (--model), with more candidates per step "
+        "(process_data.n) or wider score thresholds (process_data.chosen_min, process_data.rejected_max)",
+    )
 
 
 def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
@@ -187,8 +213,6 @@ def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
     from searchrl.rollout.hf import HFGenerator
 
     if exp.process_data.out is None:
-        from searchrl.core.errors import ConfigError
-
         raise ConfigError("set where to write the data", key="process_data.out")
     torch.manual_seed(exp.seed)
     resources = Resources(exp)
@@ -202,4 +226,7 @@ def run(exp: Any, model: str, progress: bool = True) -> dict[str, Any]:
     )
     pairs, records, summary = collect(resources, gen, tok, progress=progress)
     save(Path(exp.process_data.out), pairs, records, summary, exp, model)
+    for part in ("pairs", "sft"):  # said now, not when a stage that reads it starts
+        if (problem := check_collected(exp.process_data.out, part)) is not None:
+            print(f"warning: {problem.problem}; {problem.hint}")
     return summary

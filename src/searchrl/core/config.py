@@ -305,6 +305,7 @@ CallFormat = Literal[
     "deepseek_v3",
     "deepseek_v31",
     "gemma4",
+    "gemma3",
 ]
 
 
@@ -414,7 +415,8 @@ class EnvConfig:
             "(<tool_call>NAME<arg_key>…</arg_key><arg_value>…</arg_value>: GLM-4.5, 4.6), mistral "
             "([TOOL_CALLS] and a JSON list with call ids), deepseek_v3 (DeepSeek-V3 and R1's control tokens, "
             "arguments in a fenced JSON block), deepseek_v31 (DeepSeek-V3.1's: NAME<｜tool▁sep｜>JSON), gemma4 "
-            "(Gemma 4's <|tool_call>call:NAME{key:value}<tool_call|>)"
+            "(Gemma 4's <|tool_call>call:NAME{key:value}<tool_call|>), gemma3 (prompted: a ```tool_code block "
+            "holding NAME(key=value), the results in a user turn's ```tool_output blocks)"
         ),
     )
     chat_kwargs: dict[str, Any] = setting(

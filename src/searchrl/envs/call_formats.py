@@ -20,6 +20,12 @@
   tool schemas: the prompt describes them as DeepSeek-V3.1's model card does (`describe`).
 - ``gemma4``: ``<|tool_call>call:NAME{key:value,…}<tool_call|>`` with bare keys and ``<|"|>``-delimited strings
   (Gemma 4). The model ends its calls with ``<|tool_response>``; the results follow in the same model turn.
+- ``gemma3``: prompted, as Google's Gemma 3 function-calling guide describes (the model has no tool tokens and
+  its template no tool turns): a call is a Python call with keyword arguments in a ```` ```tool_code ```` block,
+  ``search(query="…")``, several calls one per line; the turn then ends (``<end_of_turn>``) and the results come
+  back in the next user turn, each in a ```` ```tool_output ```` block (`searchrl.envs.chat_format.ChatFormat`
+  writes the OpenAI tool messages so, and describes the tools in the system prompt). Arguments are read as Python
+  literals (`ast.literal_eval`), never evaluated.
 - ``glm45``: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>`` / ``<arg_value>V</arg_value>`` pairs, then
   ``</tool_call>`` (GLM-4.5, GLM-4.6; values typed by the tool's schema, as ``qwen3_coder``'s). Its template closes
   no turn: the model ends a calling turn with ``<|observation|>``, an answer with ``<|user|>``
@@ -37,6 +43,7 @@ the tool schemas, the calls, the tool results' turns), not copies of the vendors
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import typing
@@ -57,6 +64,8 @@ DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
 GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 _GEMMA_STRING = re.compile(re.escape(GEMMA_QUOTE) + r"(.*?)" + re.escape(GEMMA_QUOTE), re.S)
 _GEMMA_KEY = re.compile(r'"(?:\\.|[^"\\])*"|(?<=[{,])(\s*)([A-Za-z_][\w.-]*)(\s*):')
+# Gemma 3's prompted calls and results (Google's guide: ```tool_code / ```tool_output fences)
+CODE_OPEN, OUTPUT_OPEN, FENCE = "```tool_code\n", "```tool_output\n", "```"
 _MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
 _FUNCTION = re.compile(r"<function=([^>\n]{1,200})>(.*?)(?:</function>|\Z)", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
@@ -66,8 +75,10 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<pa
 UNSUPPORTED = {
     "deepseek_dsml": ("DeepSeek V3.2 / V4 (DSML)", "DSML"),
     "gpt_oss": ("gpt-oss (harmony)", "<|channel|>"),
-    "gemma": ("Gemma", "<start_of_turn>"),
 }
+# chat-template families with no tool turns of their own: their calls are prompted (`describe`), and the tool
+# messages are written as the guide of the family's vendor says (`searchrl.envs.chat_format.prompted`)
+PROMPTED = ("gemma3",)
 
 
 def detect(template: str | None) -> str:
@@ -84,6 +95,8 @@ def detect(template: str | None) -> str:
         return "deepseek_v3" if "```json" in text else "deepseek_v31"
     if GEMMA_CALL in text and "call:" in text:
         return "gemma4"
+    if "<start_of_turn>" in text:  # Gemma 2 and 3: no tool turns, calls prompted as Google's guide does
+        return "gemma3"
     for name, (_, marker) in UNSUPPORTED.items():
         if marker in text:
             return name
@@ -108,7 +121,7 @@ def resolve(call_format: str, template: str | None) -> str:
         raise DataError(
             f"the chat template writes tool calls in {UNSUPPORTED[found][0]}'s format, which the tool protocol "
             f"does not read yet (it reads {', '.join(FORMATS)}); set env.call_format to one of those if the "
-            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral, DeepSeek V3 / R1 / V3.1)"
+            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral, DeepSeek V3 / R1 / V3.1, Gemma 3 / 4)"
         )
     return found
 
@@ -127,6 +140,8 @@ def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None)
         return parse_tool_calls(text, tools, limit, _deepseek_call, (DS_CALL, DS_CALL_END))
     if fmt == "gemma4":
         return parse_tool_calls(text, tools, limit, _gemma_call, (GEMMA_CALL, GEMMA_CALL_END))
+    if fmt == "gemma3":
+        return _parse_tool_code(text, tools, limit)
     return parse_tool_calls(text, tools, limit)
 
 
@@ -157,6 +172,8 @@ def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
         return f"{DS_CALLS}{DS_CALL}{body}{DS_CALL_END}{DS_CALLS_END}"
     if fmt == "gemma4":  # as Gemma 4's template writes a call: keys sorted and bare, strings in <|"|>
         return f"{GEMMA_CALL}call:{name}{_gemma_value(dict(arguments))}{GEMMA_CALL_END}"
+    if fmt == "gemma3":
+        return tool_code([(name, arguments)])
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
 
 
@@ -309,6 +326,16 @@ def describe(fmt: str, schemas: list[dict[str, Any]]) -> str:
             "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters specification",
             f"- For multiple tool calls, {chain}",
         ]
+    elif fmt == "gemma3":  # Google's function-calling guide for Gemma 3, in our words
+        lines += [
+            "To use a tool, write a Python call of it with keyword arguments in a tool_code block, and nothing "
+            "after the block:",
+            write(fmt, "tool_call_name", {"parameter_name": "value"}),
+            "",
+            "Write one call per line for several calls. Each result comes back in a tool_output block. "
+            "`tool_call_name` must be an exact match to one of the available tools and the arguments must follow "
+            "that tool's Parameters specification.",
+        ]
     else:
         lines += [
             "IMPORTANT: ALWAYS adhere to this exact format for tool use:",
@@ -318,6 +345,91 @@ def describe(fmt: str, schemas: list[dict[str, Any]]) -> str:
             "follow that tool's Parameters specification.",
         ]
     return "\n".join(lines)
+
+
+def python_call(name: str, arguments: dict[str, Any]) -> str:
+    """A call as Python writes it, ``name(key=value, …)``, each value a Python literal (Gemma 3's prompted calls)."""
+    return f"{name}({', '.join(f'{k}={_py_literal(v)}' for k, v in arguments.items())})"
+
+
+def _py_literal(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a Python string literal
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_py_literal(str(k))}: {_py_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_py_literal(v) for v in value) + "]"
+    return _py_literal(str(value))
+
+
+def tool_code(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """Calls as Gemma 3 is prompted to write them: one ``tool_code`` block, a call per line."""
+    return CODE_OPEN + "\n".join(python_call(n, a) for n, a in calls) + "\n" + FENCE
+
+
+def tool_outputs(results: list[str]) -> str:
+    """Tool results as Gemma 3's prompted format gives them back in the user turn: one fenced block each."""
+    return "\n".join(f"{OUTPUT_OPEN}{r}\n{FENCE}" for r in results)
+
+
+def _parse_tool_code(text: str, tools: dict[str, Tool], limit: int | None) -> list[ToolCall]:
+    """Every call in the turn's ```` ```tool_code ```` blocks, in order: each line a Python call with keyword
+    arguments, read with `ast` (literals only, nothing evaluated). A block left open is one more, invalid, call.
+    Linear in the text: each block is found with one forward search for its closing fence."""
+    calls: list[ToolCall] = []
+    extra = pos = 0
+    while (start := text.find(CODE_OPEN, pos)) >= 0:
+        end = text.find(FENCE, start + len(CODE_OPEN))
+        if end < 0:
+            calls.append(
+                ToolCall(
+                    None,
+                    error="unclosed_tool_call",
+                    detail=f"a {CODE_OPEN.strip()} block is closed by {FENCE}",
+                )
+            )
+            break
+        for call in _code_calls(text[start + len(CODE_OPEN) : end], tools):
+            if limit is None or len(calls) < limit:
+                calls.append(call)
+            else:
+                extra += 1
+        pos = end + len(FENCE)
+    return _capped(calls, extra, limit)
+
+
+def _code_calls(body: str, tools: dict[str, Tool]) -> list[ToolCall]:
+    """One ``tool_code`` block's calls: ``name(key=literal, …)`` statements."""
+    usage = "a call is NAME(key=value, ...), values Python literals, one call per line"
+    try:
+        tree = ast.parse(body.strip(), mode="exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
+        return [ToolCall(None, error="malformed_json", detail=f"not Python ({type(exc).__name__}); {usage}")]
+    out: list[ToolCall] = []
+    for stmt in tree.body:
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+            out.append(ToolCall(None, error="missing_name", detail=usage))
+            continue
+        name = call.func.id
+        if call.args or any(k.arg is None for k in call.keywords):
+            out.append(ToolCall(name if name in tools else None, error="bad_arguments", detail=usage))
+            continue
+        keys = [str(k.arg) for k in call.keywords]
+        if len(set(keys)) < len(keys):  # the parser takes a repeated keyword (the compiler would refuse it)
+            again = next(k for i, k in enumerate(keys) if k in keys[:i])
+            out.append(ToolCall(None, error="duplicate_key", detail=f"argument {again!r} given twice"))
+            continue
+        try:
+            args = {str(k.arg): ast.literal_eval(k.value) for k in call.keywords}
+            obj = json.dumps({"name": name, "arguments": args}, ensure_ascii=False, allow_nan=False)
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError, OverflowError) as exc:
+            out.append(ToolCall(None, error="bad_arguments", detail=f"{usage} ({type(exc).__name__})"))
+            continue
+        out.append(_one_call(obj, tools))
+    return out or [ToolCall(None, error="missing_name", detail=usage)]
 
 
 def _capped(calls: list[ToolCall], extra: int, limit: int | None) -> list[ToolCall]:

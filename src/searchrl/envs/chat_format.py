@@ -18,10 +18,12 @@ the token that ends a turn.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from searchrl.core.errors import DataError
+from searchrl.envs.call_formats import PROMPTED
 
 _MARK = "\u2063searchrl-stand-in\u2063"  # content no real turn contains (invisible separators around it)
 _ZWSP = "\u200b"  # zero-width space: splits a special token's text in a tool result
@@ -44,6 +46,8 @@ class ChatFormat:
         # the call format the tool description teaches where the template renders no schemas (`render`); the
         # tool protocol and the agent endpoint set it to the format they read
         self.call_format = found if found in FORMATS else "hermes"
+        self.takes_system = True
+        self.takes_system = self._takes_system()
         self.renders_tools = self._renders_tools()
         # the stand-in form each kind of turn renders with (`_with_calls`), found once: every tool turn renders one
         self._forms: dict[tuple[bool, bool], int] = {}
@@ -78,12 +82,29 @@ class ChatFormat:
         """``messages`` rendered with the tool schemas. A template that renders no schemas (DeepSeek's, whose
         model card has the user describe the tools in the system prompt) gets them described at the end of the
         system message in the words of `call_formats.describe`, in `call_format`."""
+        if self.call_format in PROMPTED:  # no tool turns in the template (Gemma 3): written as its guide says
+            messages = prompted(messages, self.call_format)
         if tools and not self.renders_tools:
             messages = _with_tools_described(messages, tools, self.call_format)
+        if not self.takes_system and messages and messages[0].get("role") == "system" and len(messages) > 1:
+            # Gemma 2's template refuses a system message: it opens the first user turn, as Gemma 3's writes it
+            system, first, *rest = messages
+            messages = [
+                {**first, "content": f"{_text(system.get('content'))}\n\n{_text(first.get('content'))}"},
+                *rest,
+            ]
         out = self.tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=opened, **self.kwargs
         )
         return str(out)
+
+    def _takes_system(self) -> bool:
+        """Whether the template renders a system message (Gemma 2's raises on one)."""
+        try:
+            self.render([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}])
+        except Exception:
+            return False
+        return True
 
     def _renders_tools(self) -> bool:
         """Whether the template writes the tool schemas it is given (one that fails with them counts as
@@ -253,6 +274,64 @@ def _stand_in(
             for (n, _), i in zip(calls, ids)
         ],
     }
+
+
+def prompted(messages: list[dict[str, Any]], call_format: str) -> list[dict[str, Any]]:
+    """``messages`` for a template with no tool turns (Gemma 3), as the family's function-calling guide writes
+    them: an assistant turn's calls appended to its content as the model is prompted to write them (one
+    ``tool_code`` block, `call_formats.tool_code`), and
+    each run of tool messages one user turn of ``tool_output`` blocks (merged with a user message after it, so
+    the turns still alternate)."""
+    from searchrl.envs.call_formats import tool_code, tool_outputs
+
+    out: list[dict[str, Any]] = []
+    results: list[str] = []
+    for m in [*messages, None]:
+        if m is not None and m.get("role") == "tool":
+            results.append(_text(m.get("content")))
+            continue
+        if results:
+            out.append({"role": "user", "content": tool_outputs(results)})
+            results = []
+        if m is None:
+            break
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = tool_code(
+                [
+                    (str(fn.get("name", "")), _arguments(fn.get("arguments")))
+                    for c in m["tool_calls"]
+                    if isinstance(fn := c.get("function", c), dict)
+                ]
+            )
+            content = _text(m.get("content"))
+            m = {k: v for k, v in m.items() if k != "tool_calls"}
+            m["content"] = f"{content}\n{calls}" if content.strip() else calls
+        if (
+            out
+            and m.get("role") == out[-1]["role"] == "user"
+            and out[-1]["content"].startswith("```tool_output")
+        ):
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{_text(m.get('content'))}"}
+            continue
+        out.append(m)
+    return out
+
+
+def _text(content: Any) -> str:
+    """A message's content as text (OpenAI content parts joined)."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    """A call's arguments as a mapping (OpenAI messages carry them as JSON text)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def _with_tools_described(

@@ -34,7 +34,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchrl.envs.call_formats import DS_CALLS, GEMMA_CALL, MISTRAL_CALLS, call_ids, parse
+from searchrl.envs.call_formats import CODE_OPEN, DS_CALLS, GEMMA_CALL, MISTRAL_CALLS, call_ids, parse
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.tools import Tool
 from searchrl.rollout.generator import Generation, SamplingParams
@@ -51,6 +51,7 @@ _CALL_MARKERS = {
     "deepseek_v3": DS_CALLS,
     "deepseek_v31": DS_CALLS,
     "gemma4": GEMMA_CALL,
+    "gemma3": CODE_OPEN,
 }
 
 
