@@ -585,3 +585,21 @@ def test_a_smolagents_agent_trains_one_row_per_call(monkeypatch, qwen_tok):
         assert prompt_seg.token_ids == prompt and action.logprobs == [-0.5] * len(action.token_ids)
         assert turn in qwen_tok.decode(action.token_ids)
     assert float(stats.metrics()["agent/split_episodes"]) == 1.0
+
+
+def test_serve_policy_on_vllm_says_what_it_needs_where_vllm_is_missing(qwen_model_dir, monkeypatch, capsys):
+    """``--backend vllm`` builds the engine on the directory's weights (a GPU path, not run here); where vLLM is
+    not installed the command says so and how to install it, before loading anything."""
+    import importlib.util
+
+    from searchrl.app.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["serve-policy", "--model", str(qwen_model_dir), "--port", "0", "--backend", "vllm"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--backend vllm needs vLLM" in err and "--backend hf" in err

