@@ -82,16 +82,20 @@ def test_validate_accepts_exactly_what_a_dry_run_builds(
 
 
 def test_validate_refuses_a_model_whose_tool_calls_we_do_not_read(tmp_path, capsys, qwen_model_dir, fixtures):
-    """A local model whose chat template writes gpt-oss's (harmony) tool calls: refused by name at validate (and by
-    the dry run), not read as Hermes; the user's `env.call_format` overrides it."""
+    """A local model whose chat template writes DeepSeek V3.2's DSML tool calls (Qwen2.5's template carrying DSML's
+    marker stands in): refused by name at validate (and by the dry run), not read as Hermes; the user's
+    `env.call_format` overrides it."""
     import shutil
     from importlib.resources import files
 
-    model = tmp_path / "gpt-oss-like"
+    model = tmp_path / "dsml-like"
     shutil.copytree(qwen_model_dir, model)
     for name in ("chat_template.jinja", "chat_template.json"):
         (model / name).unlink(missing_ok=True)
-    (model / "chat_template.jinja").write_text((files("trl") / "chat_templates" / "gptoss.jinja").read_text())
+    qwen = (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
+    (model / "chat_template.jinja").write_text(
+        qwen + "{%- if false %}<\uff5cDSML\uff5cfunction_calls>{% endif %}"
+    )
     questions = fixtures / "flashrag.jsonl"
     over = [
         f"data.train={questions}",
@@ -102,5 +106,5 @@ def test_validate_refuses_a_model_whose_tool_calls_we_do_not_read(tmp_path, caps
     template = REPO / "experiments" / "templates" / "qa_tools.yaml"
     for verb in (["validate"], ["train", "--dry-run"]):
         said = outcome([verb[0], str(template), *verb[1:], *over], capsys)
-        assert "env.call_format" in said and "gpt-oss" in said, said
-    assert "gpt-oss" not in outcome(["validate", str(template), *over, "env.call_format=hermes"], capsys)
+        assert "env.call_format" in said and "DSML" in said, said
+    assert "DSML" not in outcome(["validate", str(template), *over, "env.call_format=hermes"], capsys)

@@ -112,19 +112,19 @@ def test_qwen35_thinking_turns_start_inside_the_reasoning(tokenizer):
     assert env.parse(env.write_forced_answer("Ann Lee")).answer == "Ann Lee"
 
 
-@pytest.mark.parametrize(
-    ("template", "family"),
-    [
-        ("gptoss", "gpt-oss"),
-    ],
-)
-def test_families_we_do_not_read_are_refused_by_name(tokenizer, template, family):
+# DeepSeek V3.2 / V4 write calls in DSML (their templates are not redistributed with a package): Qwen2.5's template
+# carrying DSML's marker stands in for one
+DSML = shipped("qwen2_5") + "{%- if false %}<\uff5cDSML\uff5cfunction_calls>{% endif %}"
+
+
+def test_families_we_do_not_read_are_refused_by_name(tokenizer):
     from searchrl.envs.call_formats import resolve
 
+    family, template = "DeepSeek V3.2 / V4", DSML
     with pytest.raises(DataError, match=f"in {family}.*call_format"):
-        resolve("auto", shipped(template))
-    assert resolve("hermes", shipped(template)) == "hermes"  # the user says the model writes Hermes calls
-    tokenizer.chat_template = shipped(template)
+        resolve("auto", template)
+    assert resolve("hermes", template) == "hermes"  # the user says the model writes Hermes calls
+    tokenizer.chat_template = template
     try:
         fmt = ChatFormat(tokenizer)
     except DataError:  # GLM-4.5's template writes no end-of-turn marker: refused when the format is made

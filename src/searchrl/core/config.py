@@ -306,6 +306,7 @@ CallFormat = Literal[
     "deepseek_v31",
     "gemma4",
     "gemma3",
+    "gpt_oss",
 ]
 
 
@@ -416,7 +417,8 @@ class EnvConfig:
             "([TOOL_CALLS] and a JSON list with call ids), deepseek_v3 (DeepSeek-V3 and R1's control tokens, "
             "arguments in a fenced JSON block), deepseek_v31 (DeepSeek-V3.1's: NAME<｜tool▁sep｜>JSON), gemma4 "
             "(Gemma 4's <|tool_call>call:NAME{key:value}<tool_call|>), gemma3 (prompted: a ```tool_code block "
-            "holding NAME(key=value), the results in a user turn's ```tool_output blocks)"
+            "holding NAME(key=value), the results in a user turn's ```tool_output blocks), gpt_oss "
+            "(harmony: to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>)"
         ),
     )
     chat_kwargs: dict[str, Any] = setting(

@@ -26,6 +26,12 @@
   back in the next user turn, each in a ```` ```tool_output ```` block (`searchrl.envs.chat_format.ChatFormat`
   writes the OpenAI tool messages so, and describes the tools in the system prompt). Arguments are read as Python
   literals (`ast.literal_eval`), never evaluated.
+- ``gpt_oss``: OpenAI's harmony format (gpt-oss). The generation prompt opens ``<|start|>assistant``; the model
+  may first write its reasoning (``<|channel|>analysis<|message|>…<|end|>``, then ``<|start|>assistant`` again),
+  then either one call, `` to=functions.NAME<|channel|>commentary json<|message|>{…}`` ended by ``<|call|>`` (the
+  recipient may also follow the channel: ``<|channel|>commentary to=functions.NAME <|constrain|>json``), or its
+  answer, ``<|channel|>final<|message|>…`` ended by ``<|return|>``. Reasoning is not searched for calls, and the
+  answer is the final channel's text (`harmony_answer`).
 - ``glm45``: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>`` / ``<arg_value>V</arg_value>`` pairs, then
   ``</tool_call>`` (GLM-4.5, GLM-4.6; values typed by the tool's schema, as ``qwen3_coder``'s). Its template closes
   no turn: the model ends a calling turn with ``<|observation|>``, an answer with ``<|user|>``
@@ -64,6 +70,11 @@ DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
 GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 _GEMMA_STRING = re.compile(re.escape(GEMMA_QUOTE) + r"(.*?)" + re.escape(GEMMA_QUOTE), re.S)
 _GEMMA_KEY = re.compile(r'"(?:\\.|[^"\\])*"|(?<=[{,])(\s*)([A-Za-z_][\w.-]*)(\s*):')
+# OpenAI's harmony (gpt-oss): a call's recipient, the reasoning channel's messages, the markers of a message
+HARMONY_TO, HARMONY_MESSAGE, HARMONY_FINAL = "to=functions.", "<|message|>", "<|channel|>final<|message|>"
+_HARMONY_RECIPIENT = re.compile(r"to=functions\.([^\s<]{1,200})")
+HARMONY_ANALYSIS = re.compile(r"<\|channel\|>analysis<\|message\|>.*?(<\|end\|>|$)", re.S)
+_HARMONY_MARKERS = re.compile(r"<\|(start|end|return|call|channel|message|constrain)\|>(assistant)?")
 # Gemma 3's prompted calls and results (Google's guide: ```tool_code / ```tool_output fences)
 CODE_OPEN, OUTPUT_OPEN, FENCE = "```tool_code\n", "```tool_output\n", "```"
 _MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
@@ -74,7 +85,6 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<pa
 # chat-template families whose tool calls the tool protocol does not read yet: refused, not read as Hermes
 UNSUPPORTED = {
     "deepseek_dsml": ("DeepSeek V3.2 / V4 (DSML)", "DSML"),
-    "gpt_oss": ("gpt-oss (harmony)", "<|channel|>"),
 }
 # chat-template families with no tool turns of their own: their calls are prompted (`describe`), and the tool
 # messages are written as the guide of the family's vendor says (`searchrl.envs.chat_format.prompted`)
@@ -95,6 +105,8 @@ def detect(template: str | None) -> str:
         return "deepseek_v3" if "```json" in text else "deepseek_v31"
     if GEMMA_CALL in text and "call:" in text:
         return "gemma4"
+    if "<|channel|>" in text and "<|call|>" in text:
+        return "gpt_oss"
     if "<start_of_turn>" in text:  # Gemma 2 and 3: no tool turns, calls prompted as Google's guide does
         return "gemma3"
     for name, (_, marker) in UNSUPPORTED.items():
@@ -121,7 +133,7 @@ def resolve(call_format: str, template: str | None) -> str:
         raise DataError(
             f"the chat template writes tool calls in {UNSUPPORTED[found][0]}'s format, which the tool protocol "
             f"does not read yet (it reads {', '.join(FORMATS)}); set env.call_format to one of those if the "
-            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral, DeepSeek V3 / R1 / V3.1, Gemma 3 / 4)"
+            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral, DeepSeek V3 / R1 / V3.1, Gemma 3 / 4, gpt-oss)"
         )
     return found
 
@@ -142,6 +154,8 @@ def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None)
         return parse_tool_calls(text, tools, limit, _gemma_call, (GEMMA_CALL, GEMMA_CALL_END))
     if fmt == "gemma3":
         return _parse_tool_code(text, tools, limit)
+    if fmt == "gpt_oss":
+        return _parse_harmony(HARMONY_ANALYSIS.sub("", text), tools, limit)
     return parse_tool_calls(text, tools, limit)
 
 
@@ -174,6 +188,10 @@ def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
         return f"{GEMMA_CALL}call:{name}{_gemma_value(dict(arguments))}{GEMMA_CALL_END}"
     if fmt == "gemma3":
         return tool_code([(name, arguments)])
+    if (
+        fmt == "gpt_oss"
+    ):  # the template's layout, after the opened ``<|start|>assistant``; ``<|call|>`` ends it
+        return f" {HARMONY_TO}{name}<|channel|>commentary json{HARMONY_MESSAGE}{json.dumps(arguments, ensure_ascii=False)}"
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
 
 
@@ -345,6 +363,49 @@ def describe(fmt: str, schemas: list[dict[str, Any]]) -> str:
             "follow that tool's Parameters specification.",
         ]
     return "\n".join(lines)
+
+
+def _parse_harmony(text: str, tools: dict[str, Tool], limit: int | None) -> list[ToolCall]:
+    """Every ``to=functions.NAME … <|message|>ARGS`` of a turn (its reasoning taken out), ARGS up to the message's
+    end (``<|call|>``, ``<|end|>``, the next ``<|start|>``, or the turn's end: the stop string is cut off). Linear:
+    each call's pieces are found by forward searches from where the last one ended."""
+    calls: list[ToolCall] = []
+    extra = pos = 0
+    while (m := _HARMONY_RECIPIENT.search(text, pos)) is not None:
+        name = m.group(1)
+        at = text.find(HARMONY_MESSAGE, m.end())
+        if at < 0:
+            detail = f"a call is {HARMONY_TO}NAME<|channel|>commentary json{HARMONY_MESSAGE}{{...}}<|call|>"
+            calls.append(ToolCall(None, error="unclosed_tool_call", detail=detail))
+            break
+        body_start = at + len(HARMONY_MESSAGE)
+        ends = [e for t in ("<|call|>", "<|end|>", "<|start|>") if (e := text.find(t, body_start)) >= 0]
+        end = min(ends) if ends else len(text)
+        if limit is None or len(calls) < limit:
+            obj, bad = _loads(text[body_start:end].strip() or "{}")
+            calls.append(
+                bad
+                if bad is not None
+                else _one_call(json.dumps({"name": name, "arguments": obj}, ensure_ascii=False), tools)
+            )
+        else:
+            extra += 1
+        pos = end
+    return _capped(calls, extra, limit)
+
+
+def harmony_answer(text: str) -> str:
+    """A harmony turn's answer: its final channel's text (what follows the last ``<|channel|>final<|message|>``),
+    else the turn without its reasoning; the format's markers taken out."""
+    at = text.rfind(HARMONY_FINAL)
+    text = text[at + len(HARMONY_FINAL) :] if at >= 0 else HARMONY_ANALYSIS.sub("", text)
+    return _HARMONY_MARKERS.sub(" ", text)
+
+
+def harmony_reasoning(text: str) -> str | None:
+    """The text of a harmony turn's reasoning (its analysis messages, joined), or None."""
+    found = [m.group(0)[len("<|channel|>analysis<|message|>") :] for m in HARMONY_ANALYSIS.finditer(text)]
+    return "\n".join(f.removesuffix("<|end|>") for f in found) if found else None
 
 
 def python_call(name: str, arguments: dict[str, Any]) -> str:

@@ -84,6 +84,16 @@ class ChatFormat:
         system message in the words of `call_formats.describe`, in `call_format`."""
         if self.call_format in PROMPTED:  # no tool turns in the template (Gemma 3): written as its guide says
             messages = prompted(messages, self.call_format)
+        if self.call_format == "gpt_oss":  # harmony's template reads a turn's reasoning as `thinking`
+            messages = [
+                {
+                    **{k: v for k, v in m.items() if k != "reasoning_content"},
+                    "thinking": m["reasoning_content"],
+                }
+                if m.get("reasoning_content") and "thinking" not in m
+                else m
+                for m in messages
+            ]
         if tools and not self.renders_tools:
             messages = _with_tools_described(messages, tools, self.call_format)
         if not self.takes_system and messages and messages[0].get("role") == "system" and len(messages) > 1:
@@ -146,6 +156,10 @@ class ChatFormat:
         """What the model samples to end a turn that called tools: `end_of_turn` where the template closes
         such a turn with it (Qwen, Llama), else the marker that opens the tool messages after it (GLM-4.5's
         ``<|observation|>``)."""
+        if (
+            self.call_format == "gpt_oss"
+        ):  # harmony: the call's message ends with <|call|>, which ends the turn
+            return "<|call|>"
         user = {"role": "user", "content": "q"}
         calls: list[tuple[str, dict[str, Any]]] = [("search", {})]
         try:

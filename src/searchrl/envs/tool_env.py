@@ -170,7 +170,7 @@ class ToolEnv(SearchEnv):
         searches whose query is longer than ``max_query_chars`` refused."""
         from searchrl.envs.call_formats import parse
 
-        text = _THINK.sub("", self.turn_text(action))
+        text = _THINK.sub("", self.turn_text(action))  # harmony's reasoning channel: `call_formats.parse`
         return [self._query_length(c) for c in parse(self.call_format, text, self.tools, self.max_tool_calls)]
 
     def _query_length(self, call: ToolCall) -> ToolCall:
@@ -213,6 +213,10 @@ class ToolEnv(SearchEnv):
 
     def _parse_answer(self, text: str, forced: bool) -> StepInfo:  # type: ignore[override]
         text = _THINK.sub("", text)
+        if self.call_format == "gpt_oss":
+            from searchrl.envs.call_formats import harmony_answer
+
+            text = harmony_answer(text)
         inside = last_answer(text)
         answer = " ".join((text if inside is None else inside).split())
         return StepInfo(
@@ -361,7 +365,13 @@ class ToolEnv(SearchEnv):
     def _think(self, text: str) -> str:
         """Reasoning as the turn writes it: inside ``<think>…</think>``, or, where the template opened the
         ``<think>`` already, the reasoning and its close."""
+        if self.call_format == "gpt_oss":  # harmony: an analysis message, then the next message opened
+            return f"<|channel|>analysis<|message|>{text}<|end|><|start|>assistant"
         return f"{text}\n</think>\n\n" if self.format.opens_think else f"<think> {text} </think>\n"
+
+    def _final(self, answer: str) -> str:
+        """The answer as the turn writes it (harmony: in the final channel)."""
+        return f"<|channel|>final<|message|>{answer}" if self.call_format == "gpt_oss" else answer
 
     def write_search(self, think: str, query: str) -> str:
         from searchrl.envs.call_formats import write
@@ -373,14 +383,14 @@ class ToolEnv(SearchEnv):
         return f"{self._think(think)}{call}{self.format.call_end}"
 
     def write_answer(self, answer: str, note: str = "") -> str:
-        return f"{self._think(f'{note}So the answer is {answer}.')}{answer}{self.format.end_of_turn}"
+        return f"{self._think(f'{note}So the answer is {answer}.')}{self._final(answer)}{self.format.end_of_turn}"
 
     def answer_probe(self, answer: str) -> str:
-        return f"{self._think(PROBE_THOUGHT)}{answer}{self.format.end_of_turn}"
+        return f"{self._think(PROBE_THOUGHT)}{self._final(answer)}{self.format.end_of_turn}"
 
     def write_forced_answer(self, answer: str) -> str:
         return (
             f"{self._think('')}{answer}{self.format.end_of_turn}"
             if self.format.opens_think
-            else f"{answer}{self.format.end_of_turn}"
+            else f"{self._final(answer)}{self.format.end_of_turn}"
         )

@@ -34,7 +34,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchrl.envs.call_formats import CODE_OPEN, DS_CALLS, GEMMA_CALL, MISTRAL_CALLS, call_ids, parse
+from searchrl.envs.call_formats import (
+    CODE_OPEN,
+    DS_CALLS,
+    GEMMA_CALL,
+    MISTRAL_CALLS,
+    call_ids,
+    harmony_answer,
+    harmony_reasoning,
+    parse,
+)
 from searchrl.envs.chat_format import ChatFormat
 from searchrl.envs.tools import Tool
 from searchrl.rollout.generator import Generation, SamplingParams
@@ -337,6 +346,8 @@ class PolicyEndpoint:
         if self.chat.opens_think:
             turn = "<think>" + turn
         message: dict[str, Any] = {"role": "assistant", "content": turn}
+        if self.call_format == "gpt_oss":
+            return self._harmony_reply(turn, tools)
         m = _THINK.match(turn)
         if m:
             message["reasoning_content"], turn = m.group(1).strip(), turn[m.end() :]
@@ -357,6 +368,25 @@ class PolicyEndpoint:
             {"id": i, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
             for c, i in zip(calls, ids)
         ]
+        return message, tuple(str(c.name) for c in calls), 0
+
+    def _harmony_reply(
+        self, turn: str, tools: dict[str, Tool]
+    ) -> tuple[dict[str, Any], tuple[str, ...], int]:
+        """`_reply` for harmony (gpt-oss): the reasoning is the analysis channel, the text the final channel's."""
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        reasoning = harmony_reasoning(turn)
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        calls = parse(self.call_format, turn, tools) if tools else []
+        if not calls or any(not c.valid for c in calls):
+            message["content"] = harmony_answer(turn).strip() if not calls else turn.strip()
+            return message, (), sum(not c.valid for c in calls)
+        message["tool_calls"] = [
+            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for c in calls
+        ]  # fmt: skip
         return message, tuple(str(c.name) for c in calls), 0
 
     def _encode(self, text: str) -> list[int]:
