@@ -23,7 +23,7 @@ from searchrl.envs.python_tools import function_tool
 from searchrl.envs.tool_env import ToolEnv
 
 from .test_tools import CountingRetriever
-from .test_tools_hostile import echo
+from .test_tools_hostile import echo, steps_safely
 
 EX = Example(id="q1", question="Who directed Zelka?", answers=("Ann Lee",))
 EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
@@ -215,12 +215,7 @@ PIECES = st.sampled_from(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.one_of(PIECES, st.text(max_size=8)), max_size=80))
 def test_any_turn_is_calls_that_run_or_say_why(fresh, pieces):
-    env = env_for(fresh())
-    text = "".join(pieces).encode("utf-8", "replace").decode("utf-8")
-    state = env.reset(EX)
-    [(obs, done, info)] = env.step_batch([state], [text + EOS], stopped=[True])
-    env.format.tokenizer(obs, add_special_tokens=False)
-    assert done == (info.kind == "answer")
+    steps_safely(env_for(fresh()), EX, pieces, EOS)
 
 
 def test_searchrl_tokenizer_writes_deepseek_v3(tmp_path):

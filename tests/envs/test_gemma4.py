@@ -21,7 +21,7 @@ from searchrl.envs.python_tools import function_tool
 from searchrl.envs.tool_env import ToolEnv
 
 from .test_tools import CountingRetriever
-from .test_tools_hostile import echo
+from .test_tools_hostile import echo, steps_safely
 
 EX = Example(id="q1", question="Who directed Zelka?", answers=("Ann Lee",))
 # every revision after the release one (v2, tested below) renders OpenAI's tool messages inside the model turn
@@ -178,12 +178,7 @@ PIECES = st.sampled_from(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.one_of(PIECES, st.text(max_size=8)), max_size=80))
 def test_any_turn_is_calls_that_run_or_say_why(tokenizer, pieces):
-    env = env_for(tokenizer, "gemma4")
-    text = "".join(pieces).encode("utf-8", "replace").decode("utf-8")
-    state = env.reset(EX)
-    [(obs, done, info)] = env.step_batch([state], [text + "<turn|>"], stopped=[True])
-    tokenizer(obs, add_special_tokens=False)
-    assert done == (info.kind == "answer")
+    steps_safely(env_for(tokenizer, "gemma4"), EX, pieces, "<turn|>")
 
 
 def test_the_release_revision_renders_tool_messages_as_tool_turns(tokenizer):

@@ -31,6 +31,16 @@ def echo(text: str) -> str:
     return text
 
 
+def steps_safely(env, example, pieces: list[str], end: str) -> None:
+    """Whatever a policy writes (``pieces`` joined, then ``end``) steps without raising: calls that run or say why;
+    the observation tokenizes; the episode ends exactly on an answer (the families' hostile property tests)."""
+    text = "".join(pieces).encode("utf-8", "replace").decode("utf-8")
+    state = env.reset(example)
+    [(obs, done, info)] = env.step_batch([state], [text + end], stopped=[True])
+    env.format.tokenizer(obs, add_special_tokens=False)
+    assert done == (info.kind == "answer")
+
+
 @pytest.fixture
 def env(qwen_tok):
     e = ToolEnv(CountingRetriever(), ChatFormat(qwen_tok), template="tools", topk=2, max_turns=3)
