@@ -139,7 +139,6 @@ def check_paths(exp: Experiment, source: str = "<config>", missing: list[Missing
         missing.append(err)
 
     _check_data_source(exp, source, absent)
-    _check_process_data(exp, source, absent)
     named = [("model.path", exp.model.path)]
     if exp.warm_start is not None:
         named.append(("warm_start.checkpoint", exp.warm_start.checkpoint))
@@ -165,24 +164,6 @@ def check_paths(exp: Experiment, source: str = "<config>", missing: list[Missing
                     ),
                 )
             )
-
-
-def _check_process_data(exp: Experiment, source: str, absent: Callable[[MissingInput], None]) -> None:
-    """The collected process data a stage reads (DPO's and the PRM's pairs, SFT's kept episodes): there, and not
-    empty (`searchrl.app.process_data.check_collected`, which the stage asks too)."""
-    if exp.algorithm is None or exp.process_data.out is None:
-        return
-    from searchrl.app.plan import plan
-    from searchrl.app.process_data import check_collected
-
-    for stage in plan(exp).stages:
-        if stage.data.startswith("process-"):
-            part = "pairs" if stage.data == "process-pairs" else "sft"
-            problem = check_collected(exp.process_data.out, part, source)
-            if isinstance(problem, MissingInput):
-                absent(problem)
-            elif problem is not None:
-                raise problem
 
 
 def check_model_template(exp: Experiment, source: str = "<config>") -> None:
