@@ -97,6 +97,16 @@ def tools_table() -> list[str]:
     return rows
 
 
+def cpu_isa() -> list[str]:
+    """The seed-0 SFT under the machine's default vector kernels and under AVX2 (`quickstart_cpu_isa-*.json`)."""
+    runs = json.loads((RESULTS / "quickstart_cpu_isa-2026-11-29.json").read_text())["runs"]
+    a, b = runs["AVX512"]["sft"], runs["AVX2"]["sft"]
+    return [
+        f"evaluates at EM {a['em']:.3f} (F1 {a['f1']:.3f})",
+        f"`ATEN_CPU_CAPABILITY=avx2` on the same machine at EM {b['em']:.3f} (F1 {b['f1']:.3f})",
+    ]
+
+
 FIGURES = {
     "search_agents_2026": lambda: sweep(
         "search_agents_2026", {"grpo": "GRPO", "searchr1pp": "Search-R1++", "zerosearch": "ZeroSearch"}
@@ -115,6 +125,7 @@ FIGURES = {
         *learning_seed("learning-2026-11-28", 0),
     ],
     "learning": lambda: learning("learning"),
+    "quickstart_cpu_isa-2026-11-29": cpu_isa,
     "learning-2026-11-28-plan": lambda: [
         *learning("learning-2026-11-28-plan")[:2],
         "(per seed {})".format(
