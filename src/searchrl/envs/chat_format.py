@@ -14,6 +14,11 @@ generation prompt opens the reasoning (``<think>\n``: Qwen3.5 thinking, Qwen3.6,
 marked `opens_think`: the sampled turn starts inside its reasoning. What a tool returned is text: a special
 token's text in it (``<|im_end|>``) is broken up with a zero-width space so that it tokenizes as text, not as
 the token that ends a turn.
+
+Two families need more than cutting text. Gemma 3 (and 2) has no tool turns: its calls are prompted, and `prompted`
+writes OpenAI tool calls and results as Google's guide does (a ``tool_code`` block, a user turn of ``tool_output``
+blocks) before the template renders them. gpt-oss's harmony template reads reasoning as ``thinking`` and ends a
+calling turn with ``<|call|>``.
 """
 
 from __future__ import annotations
@@ -46,7 +51,6 @@ class ChatFormat:
         # the call format the tool description teaches where the template renders no schemas (`render`); the
         # tool protocol and the agent endpoint set it to the format they read
         self.call_format = found if found in FORMATS else "hermes"
-        self.takes_system = True
         self.takes_system = self._takes_system()
         self.renders_tools = self._renders_tools()
         # the stand-in form each kind of turn renders with (`_with_calls`), found once: every tool turn renders one
@@ -84,16 +88,8 @@ class ChatFormat:
         system message in the words of `call_formats.describe`, in `call_format`."""
         if self.call_format in PROMPTED:  # no tool turns in the template (Gemma 3): written as its guide says
             messages = prompted(messages, self.call_format)
-        if self.call_format == "gpt_oss":  # harmony's template reads a turn's reasoning as `thinking`
-            messages = [
-                {
-                    **{k: v for k, v in m.items() if k != "reasoning_content"},
-                    "thinking": m["reasoning_content"],
-                }
-                if m.get("reasoning_content") and "thinking" not in m
-                else m
-                for m in messages
-            ]
+        if self.call_format == "gpt_oss":
+            messages = _reasoning_as_thinking(messages)
         if tools and not self.renders_tools:
             messages = _with_tools_described(messages, tools, self.call_format)
         if not self.takes_system and messages and messages[0].get("role") == "system" and len(messages) > 1:
@@ -111,7 +107,12 @@ class ChatFormat:
     def _takes_system(self) -> bool:
         """Whether the template renders a system message (Gemma 2's raises on one)."""
         try:
-            self.render([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}])
+            self.tokenizer.apply_chat_template(
+                [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}],
+                tokenize=False,
+                add_generation_prompt=True,
+                **self.kwargs,
+            )
         except Exception:
             return False
         return True
@@ -156,9 +157,8 @@ class ChatFormat:
         """What the model samples to end a turn that called tools: `end_of_turn` where the template closes
         such a turn with it (Qwen, Llama), else the marker that opens the tool messages after it (GLM-4.5's
         ``<|observation|>``)."""
-        if (
-            self.call_format == "gpt_oss"
-        ):  # harmony: the call's message ends with <|call|>, which ends the turn
+        # harmony (gpt-oss): the call's message ends with <|call|>, which ends the turn
+        if self.call_format == "gpt_oss":
             return "<|call|>"
         user = {"role": "user", "content": "q"}
         calls: list[tuple[str, dict[str, Any]]] = [("search", {})]
@@ -293,10 +293,9 @@ def _stand_in(
 def prompted(messages: list[dict[str, Any]], call_format: str) -> list[dict[str, Any]]:
     """``messages`` for a template with no tool turns (Gemma 3), as the family's function-calling guide writes
     them: an assistant turn's calls appended to its content as the model is prompted to write them (one
-    ``tool_code`` block, `call_formats.tool_code`), and
-    each run of tool messages one user turn of ``tool_output`` blocks (merged with a user message after it, so
-    the turns still alternate)."""
-    from searchrl.envs.call_formats import tool_code, tool_outputs
+    ``tool_code`` block, `call_formats.tool_code`), and each run of tool messages one user turn of ``tool_output``
+    blocks (merged with a user message after it, so the turns still alternate)."""
+    from searchrl.envs.call_formats import OUTPUT_OPEN, tool_code, tool_outputs
 
     out: list[dict[str, Any]] = []
     results: list[str] = []
@@ -320,15 +319,22 @@ def prompted(messages: list[dict[str, Any]], call_format: str) -> list[dict[str,
             content = _text(m.get("content"))
             m = {k: v for k, v in m.items() if k != "tool_calls"}
             m["content"] = f"{content}\n{calls}" if content.strip() else calls
-        if (
-            out
-            and m.get("role") == out[-1]["role"] == "user"
-            and out[-1]["content"].startswith("```tool_output")
-        ):
+        if out and m.get("role") == out[-1]["role"] == "user" and out[-1]["content"].startswith(OUTPUT_OPEN):
             out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{_text(m.get('content'))}"}
             continue
         out.append(m)
     return out
+
+
+def _reasoning_as_thinking(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Harmony's template (gpt-oss) reads an assistant turn's reasoning from ``thinking``, where OpenAI clients send
+    it back as ``reasoning_content``."""
+    return [
+        {**{k: v for k, v in m.items() if k != "reasoning_content"}, "thinking": m["reasoning_content"]}
+        if m.get("reasoning_content") and "thinking" not in m
+        else m
+        for m in messages
+    ]
 
 
 def _text(content: Any) -> str:
