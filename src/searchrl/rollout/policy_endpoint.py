@@ -345,9 +345,9 @@ class PolicyEndpoint:
         turn = text[: self.chat.turn_end(text)]
         if self.chat.opens_think:
             turn = "<think>" + turn
-        message: dict[str, Any] = {"role": "assistant", "content": turn}
         if self.call_format == "gpt_oss":
             return self._harmony_reply(turn, tools)
+        message: dict[str, Any] = {"role": "assistant", "content": turn}
         m = _THINK.match(turn)
         if m:
             message["reasoning_content"], turn = m.group(1).strip(), turn[m.end() :]
