@@ -29,9 +29,10 @@ CASES = [
     ("slate", {}, []),
     ("tree_grpo", {}, []),
     ("arpo", {}, []),
+    ("aepo", {}, []),
 ]
 # what refuses asynchronous collection, and why: these build their rows within the step
-REFUSED = {"slate", "tree_grpo", "arpo", "dynamic_sampling", "env.context"}
+REFUSED = {"slate", "tree_grpo", "arpo", "aepo", "dynamic_sampling", "env.context"}
 
 
 def rows_of(trajs):

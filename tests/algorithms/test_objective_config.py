@@ -37,7 +37,7 @@ def test_every_algorithm_key_has_its_help_as_metadata(name):
 
 def test_group_algorithms_and_ppo_share_one_objective():
     shared = {f.name for f in dataclasses.fields(PolicyObjective)}
-    for name in ("grpo", "slate", "tree_grpo", "arpo", "ppo", "steppo"):
+    for name in ("grpo", "slate", "tree_grpo", "arpo", "aepo", "ppo", "steppo"):
         assert issubclass(ALGORITHMS.get(name).Config, PolicyObjective), name
         assert shared <= {f.name for f in dataclasses.fields(ALGORITHMS.get(name).Config)}
     # one default differs where the papers differ: Search-R1's PPO puts a k1 KL in the reward
@@ -88,7 +88,7 @@ def test_the_declarations_say_what_each_loss_requires():
     seq = {n for n in POLICY_LOSSES.names() if declaration_of(n).loss_agg == "seq-mean-token-mean"}
     assert seq == {"gspo", "gspo_token", "gmpo", "sapo"}
     assert {n for n in POLICY_LOSSES.names() if declaration_of(n).sequence_level} == {"gspo", "gmpo"}
-    assert {n for n in POLICY_LOSSES.names() if declaration_of(n).dual_clip} == {"clip"}
+    assert {n for n in POLICY_LOSSES.names() if declaration_of(n).dual_clip} == {"clip", "entropy_balanced"}
     assert set(declaration_of("sapo").settings) == {"tau_pos", "tau_neg"}
 
 

@@ -19,6 +19,7 @@ ALGORITHMS.add_lazy("steppo", "searchrl.algorithms.steppo:StePPO")
 ALGORITHMS.add_lazy("slate", "searchrl.algorithms.slate:SLATE")
 ALGORITHMS.add_lazy("tree_grpo", "searchrl.algorithms.tree_grpo:TreeGRPO")
 ALGORITHMS.add_lazy("arpo", "searchrl.algorithms.arpo:ARPO")
+ALGORITHMS.add_lazy("aepo", "searchrl.algorithms.aepo:AEPO")
 ALGORITHMS.add_lazy("dpo", "searchrl.algorithms.dpo:DPO")
 ALGORITHMS.add_lazy("prm", "searchrl.algorithms.prm:PRM")
 

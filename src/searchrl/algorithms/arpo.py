@@ -87,6 +87,15 @@ def branch_taken(u: float, delta_h: float, tau: float, beta: float) -> bool:
     return min(1.0, max(0.0, u - beta * delta_h)) <= tau
 
 
+def check_entropy(chains: list[Trajectory], name: str) -> None:
+    """Refuses chains whose generator recorded no sampling entropy (ARPO and AEPO read it)."""
+    if chains and chains[0].steps and step_entropy(chains[0], 0) is None:
+        raise RuntimeError(
+            f"{name} reads the sampler's entropy after each tool response, and this generator recorded none "
+            "(rollout.compile's captured step does not): set rollout.compile false"
+        )
+
+
 def step_entropy(t: Trajectory, s: int) -> float | None:
     """H of step ``s`` of ``t``: the sum over its first tokens' recorded entropies (None: not recorded)."""
     from searchrl.rollout.episode import STEP_ENTROPY
@@ -142,22 +151,22 @@ class ARPO(GRPO):
         sampling = replace(c.sampling, entropy_tokens=cfg.entropy_tokens)
         examples = [c.train_examples[i] for i in indices]
         stats = RolloutStats()
-        chains = start_trajectories(c.env, c.tokenizer, examples, cfg.initial_rollouts)
-        self._run(chains, sampling, stats)
-        if chains and chains[0].steps and step_entropy(chains[0], 0) is None:
-            raise RuntimeError(
-                "arpo reads the sampler's entropy after each tool response, and this generator recorded none "
-                "(rollout.compile's captured step does not): set rollout.compile false"
-            )
+        metrics: dict[str, Any] = {}
+        initial = self.initial_rollouts(examples, sampling, stats, metrics)
         rows: list[list[Trajectory]] = [
-            chains[q * cfg.initial_rollouts : (q + 1) * cfg.initial_rollouts] for q in range(len(indices))
+            start_trajectories(c.env, c.tokenizer, [ex], n, first_group=q)
+            for q, (ex, n) in enumerate(zip(examples, initial, strict=True))
         ]
+        chains = [t for group in rows for t in group]
+        self._run(chains, sampling, stats)
+        check_entropy(chains, type(self).__name__.lower())
         # row (by id) -> its question's index here, and its H_initial (its chain's first step's entropy)
         question = {id(t): q for q, group in enumerate(rows) for t in group}
         h_init = {id(t): step_entropy(t, 0) or 0.0 for t in chains}
-        budget = [cfg.group_size - cfg.initial_rollouts] * len(indices)
+        budget = [cfg.group_size - n for n in initial]
         rng = random.Random(f"arpo:{self.step}:{indices}")
-        tally: dict[str, Any] = {"points": 0, "branches": 0, "tokens": 0, "deltas": []}
+        # branched: the (question, tool call) points where a branch was taken (AEPO's consecutive-branch penalty)
+        tally: dict[str, Any] = {"points": 0, "branches": 0, "tokens": 0, "deltas": [], "branched": set()}
         frontier = [(t, 0) for t in chains]  # rows whose steps from this one on are candidate points
         while frontier and any(b > 0 for b in budget):
             kids = self._branch_round(frontier, question, h_init, budget, rng, tally)
@@ -182,7 +191,7 @@ class ARPO(GRPO):
         for q, group in enumerate(rows):
             for t in group:
                 t.group_id = indices[q]
-        metrics: dict[str, Any] = {**stats.metrics(), **c.rewards(out)}
+        metrics.update({**stats.metrics(), **c.rewards(out)})
         metrics["arpo/branch_points"] = Sum(tally["points"])
         metrics["arpo/branches"] = Sum(tally["branches"])
         metrics["arpo/fresh_rows"] = Sum(sum(len(new) for _, new in fill))
@@ -192,6 +201,16 @@ class ARPO(GRPO):
             sum(t.episode.generated_tokens for t in out), len(out)
         )
         return self.finish(out, metrics)
+
+    def initial_rollouts(
+        self, examples: list[Any], sampling: Any, stats: Any, metrics: dict[str, Any]
+    ) -> list[int]:
+        """N, the chains each question starts with: ``initial_rollouts`` for every question."""
+        return [self.cfg.initial_rollouts] * len(examples)
+
+    def takes_branch(self, u: float, delta: float, q: int, s: int, tally: dict[str, Any]) -> bool:
+        """Whether a candidate branch of question ``q`` after tool call ``s`` is taken, for draw ``u``."""
+        return branch_taken(u, delta, self.cfg.branch_probability, self.cfg.entropy_weight)
 
     def _run(self, trajs: list[Trajectory], params: Any, stats: Any) -> None:
         from searchrl.rollout.loop import run
@@ -230,8 +249,9 @@ class ARPO(GRPO):
             delta = ((step_entropy(t, s + 1) or 0.0) - h_init[id(t)]) / log_v
             tally["deltas"].append(delta)
             for _ in range(min(cfg.beam_size - 1, budget[q])):
-                if not branch_taken(rng.random(), delta, cfg.branch_probability, cfg.entropy_weight):
+                if not self.takes_branch(rng.random(), delta, q, s, tally):
                     continue
+                tally["branched"].add((q, s))
                 kid = node_prefix(t, s, self.ctx.env)
                 kid.info[STEP_ENTROPY] = [list(e) for e in t.info.get(STEP_ENTROPY, [])[: s + 1]]
                 kid.info["arpo_branch_step"] = s + 1  # the steps it shares with the row it branched from

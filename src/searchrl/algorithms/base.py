@@ -48,6 +48,9 @@ class Requirements:
     # IGPO's answer probes): the trainer runs them in its no-grad pass and puts their mean log-probs in
     # ``batch.extras.more[PROBE_KEY]`` (B, S), by row and step slot
     probes: bool = False
+    # the loss reads the policy's token entropy (AEPO's entropy-aware advantage): the update's forward computes
+    # it even with ``trainer.log_entropy`` off
+    entropy: bool = False
 
     def __post_init__(self) -> None:
         if self.samples_per_item < 1:

@@ -15,6 +15,7 @@ def clipped_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
+    keep_high_gradient: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO/GRPO clipped surrogate, negated for minimisation (ReSearch eq. 1, Schulman et al. 2017):
 
@@ -22,11 +23,12 @@ def clipped_policy_loss(
     Separate ε_low / ε_high allow DAPO's clip-higher. The log-ratio is held to ±20 before the exp, as verl
     does, so a stale token cannot overflow (it changes nothing below ρ = 4.8e8). ``dual_clip`` = c > 1 bounds
     the loss of negative-advantage tokens by −c·A_t (Ye et al. 2020, verl's ``clip_ratio_c``, default 3
-    there); None, our default, is the papers' eq. 1.
+    there); None, our default, is the papers' eq. 1. ``keep_high_gradient``: AEPO's entropy-balanced clipping
+    (`clipped_surrogate`).
     """
     lr = log_ratio(logp, old_logp)
     ratio = torch.exp(lr)
-    loss, clip_frac = clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    loss, clip_frac = clipped_surrogate(ratio, advantages, clip_low, clip_high, keep_high_gradient)
     metrics: dict[str, torch.Tensor] = {}
     if dual_clip is not None:
         if dual_clip <= 1.0:  # the config refuses it (`algorithms.objective`); a direct call too
@@ -49,12 +51,25 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
 
 
 def clipped_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    keep_high_gradient: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """−min(ρ A, clip(ρ, 1 − ε_low, 1 + ε_high) A) (token ρ for PPO/GRPO, sequence ρ for GSPO), and where
-    the clip was active (a constant, broadcast to the loss's shape)."""
+    the clip was active (a constant, broadcast to the loss's shape).
+
+    ``keep_high_gradient``: AEPO's entropy clipping-balanced mechanism (arXiv 2510.14545; the released
+    ``compute_policy_loss_entropy_balanced_clipping``): the upper bound is (1 + ε_high)·ρ / sg(ρ), equal to
+    1 + ε_high in value, so a token clipped there keeps the gradient (1 + ε_high)·A·∇log π instead of none.
+    Only positive-advantage tokens are clipped at the top; the lower bound stays a constant."""
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    if keep_high_gradient:
+        high = (1.0 + clip_high) * ratio / ratio.detach()
+        clipped = torch.minimum(ratio.clamp(min=1.0 - clip_low), high) * advantages
+    else:
+        clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
     return loss, (clipped < unclipped).float().detach().expand_as(loss)
 

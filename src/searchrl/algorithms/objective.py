@@ -170,7 +170,7 @@ def check_loss(name: str, loss_agg: str, dual_clip: float | None, args: dict[str
         )
     if dual_clip is not None and not decl.dual_clip:
         raise ValueError(
-            f"dual_clip bounds the clipped ratio's loss (policy_loss: clip) and has no effect on "
+            f"dual_clip bounds the clipped ratio's loss (policy_loss: clip, entropy_balanced) and has no effect on "
             f"'{name}'; remove dual_clip (verl's clip_ratio_c is likewise for its vanilla loss only)"
         )
     unknown = sorted(set(args) - set(decl.settings))
@@ -205,7 +205,7 @@ class PolicyObjective(AlgorithmSettings):
     dual_clip: float | None = setting(
         None,
         "c: negative-advantage losses capped at −c·A (verl's clip_ratio_c, 3 there); null: eq. 1 as written; "
-        "policy_loss clip only",
+        "policy_loss clip and entropy_balanced only",
         ABOVE_1,
     )
     kl_coef: float = setting(
@@ -233,8 +233,8 @@ class PolicyObjective(AlgorithmSettings):
     )
     policy_loss: str = setting(
         "clip",
-        "the policy loss (`algorithms.policy_losses`): clip (eq. 1), gspo, gspo_token, cispo, gmpo, sapo, or a "
-        "dotted path to your own",
+        "the policy loss (`algorithms.policy_losses`): clip (eq. 1), entropy_balanced (AEPO's), gspo, gspo_token, "
+        "cispo, gmpo, sapo, or a dotted path to your own",
         registry="policy_losses",
     )
     policy_loss_args: dict[str, float] = setting(

@@ -55,6 +55,23 @@ def clip(
     return clipped_policy_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
 
 
+@policy_loss("entropy_balanced", dual_clip=True)
+def entropy_balanced(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, cfg: Any
+) -> tuple[torch.Tensor, Metrics]:
+    """AEPO's entropy clipping-balanced surrogate (Dong et al. 2025, arXiv 2510.14545, §4.2; the released
+    ``compute_policy_loss_entropy_balanced_clipping``): the clipped surrogate whose upper bound is
+    (1 + ε_high)·ρ_t / sg(ρ_t), so a token clipped there (a positive advantage, ρ_t > 1 + ε_high: the paper finds
+    these are mostly high-entropy tokens) keeps the gradient (1 + ε_high)·A_t·∇log π_θ, rescaled, instead of
+    none; the value and everything else are the clip's. The released code applies it to every token clipped at
+    the top, not only high-entropy ones, and so does this."""
+    from searchrl.algorithms.loss_terms import clipped_policy_loss
+
+    return clipped_policy_loss(
+        logp, old_logp, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip, keep_high_gradient=True
+    )
+
+
 def _clipped(
     ratio: torch.Tensor, adv: torch.Tensor, cfg: Any, lr: torch.Tensor
 ) -> tuple[torch.Tensor, Metrics]:
@@ -188,18 +205,20 @@ def sapo(
 
 
 def batch_policy_loss(
-    cfg: Any, logp: torch.Tensor, mb: RolloutBatch
+    cfg: Any, logp: torch.Tensor, mb: RolloutBatch, advantages: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The config's policy loss (``policy_loss``, `algorithms.policy_losses`; the clipped ratio by default)
     of a micro-batch: π_old and advantages from its extras, times the sampler-trainer correction weight w_t
-    of the decoupled objective (`algorithms.correction`) when there is one (GRPO, SLATE, PPO, StePPO)."""
+    of the decoupled objective (`algorithms.correction`) when there is one (GRPO, SLATE, PPO, StePPO).
+    ``advantages``: these instead of the extras' (AEPO's entropy-aware ones, `algorithms.aepo`)."""
     import torch
 
     from searchrl.algorithms import POLICY_LOSSES
 
     name = getattr(cfg, "policy_loss", "clip")
     fn = POLICY_LOSSES.get(name)
-    loss, metrics = fn(logp, mb.extras.need("old_logp"), mb.extras.need("advantages"), mb.loss_mask, cfg)
+    adv = mb.extras.need("advantages") if advantages is None else advantages
+    loss, metrics = fn(logp, mb.extras.need("old_logp"), adv, mb.loss_mask, cfg)
     weight = mb.extras.is_weight
     if weight is not None:
         weight = weight.detach()

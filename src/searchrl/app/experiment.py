@@ -300,9 +300,9 @@ def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
             _check_context_algorithm(exp, conf, source)
         if training and exp.algorithm.name in BRANCHING:
             _check_tree_tools(exp, source)
-        if training and exp.algorithm.name == "arpo" and exp.rollout.compile:
+        if training and exp.algorithm.name in ENTROPY_BRANCHING and exp.rollout.compile:
             raise ConfigError(
-                "arpo branches where the sampler's entropy rises after a tool response; rollout.compile's "
+                f"{exp.algorithm.name} branches where the sampler's entropy rises after a tool response; rollout.compile's "
                 "captured decoding step does not record entropies",
                 file=source,
                 key="rollout.compile",
@@ -325,7 +325,8 @@ def _check_algorithm(exp: Experiment, source: str, training: bool) -> None:
 
 
 # algorithms that continue an episode from one of its steps, its state rebuilt by replay (`tree_grpo.node_prefix`)
-BRANCHING = ("tree_grpo", "arpo")
+BRANCHING = ("tree_grpo", "arpo", "aepo")
+ENTROPY_BRANCHING = ("arpo", "aepo")  # ... where the sampler's entropy after a tool response rose
 
 
 def _check_tree_tools(exp: Experiment, source: str) -> None:

@@ -518,7 +518,7 @@ class AlgorithmConfig:
 
     name: str = setting(
         "grpo",
-        "the algorithm: sft, grpo, ppo, steppo, slate, tree_grpo, arpo, dpo, prm",
+        "the algorithm: sft, grpo, ppo, steppo, slate, tree_grpo, arpo, aepo, dpo, prm",
         registry="algorithms",
     )
     args: dict[str, Any] = setting(

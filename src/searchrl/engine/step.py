@@ -249,7 +249,11 @@ class TrainingStep:
             mb = mb.trim(int(mb.attention_mask.sum(-1).max()))
             with eng.accumulate(self.model.policy):
                 logp, ent, values = self._logprobs(
-                    self.model.policy, mb, self.cfg.log_entropy, self.req.value_head, algo.softmax_negatives
+                    self.model.policy,
+                    mb,
+                    self.cfg.log_entropy or self.req.entropy,
+                    self.req.value_head,
+                    algo.softmax_negatives,
                 )
                 if (
                     self.req.old_logprobs and not self.shape.old_pass
