@@ -39,7 +39,7 @@ ARPO's note (`algorithms.arpo`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from searchrl.algorithms.arpo import ARPO, ARPOConfig, check_entropy, step_entropy
@@ -125,13 +125,7 @@ class AEPO(ARPO):
 
     @classmethod
     def requires(cls, config: AEPOConfig, env: EnvConfig) -> Requirements:  # type: ignore[override]
-        req = super().requires(config, env)
-        return Requirements(
-            samples_per_item=req.samples_per_item,
-            reference=req.reference,
-            old_in_prepare=req.old_in_prepare,
-            entropy=config.entropy_advantage > 0,
-        )
+        return replace(super().requires(config, env), entropy=config.entropy_advantage > 0)
 
     def initial_rollouts(
         self, examples: list[Any], sampling: Any, stats: Any, metrics: dict[str, Any]
