@@ -164,7 +164,9 @@ def main() -> None:
         + ", ".join(f"{v:.3f} at coverage {k}" for k, v in spread.items())
         + f"; ratio {summary['coverage_over_algorithm']:.1f}.",
     ]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     out = Path(args.out)
     (out / "coverage_2026.md").write_text("\n".join(lines) + "\n")
     (out / "coverage_2026.json").write_text(
