@@ -164,5 +164,5 @@ def test_the_tools_description_shows_each_formats_call(name):
     assert text.startswith("## Tools\n") and "### search\nDescription: Find it.\n" in text
     assert 'Parameters: {"type": "object"}' in text and "tool_call_name" in text
     marker = {"hermes": "<tool_call>", "glm45": "<tool_call>", "qwen3_coder": "<function=", "mistral": "[TOOL_CALLS]",
-              "llama3_json": '"parameters"', "gemma4": "<|tool_call>call:", "gemma3": "```tool_code\n", "gpt_oss": "to=functions."}.get(name, call_formats.DS_CALLS)  # fmt: skip
+              "llama3_json": '"parameters"', "gemma4": "<|tool_call>call:", "gemma3": "```tool_code\n", "gpt_oss": "to=functions.", "deepseek_dsml": call_formats.DSML_CALLS}.get(name, call_formats.DS_CALLS)  # fmt: skip
     assert marker in text

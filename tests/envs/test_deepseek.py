@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchrl.core.errors import DataError
 from searchrl.core.records import Example
 from searchrl.envs import call_formats
 from searchrl.envs.call_formats import DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_SEP
@@ -74,9 +73,8 @@ def test_the_vocabulary_and_the_formats_are_read(fresh):
     fmt = ChatFormat(tok)
     assert not fmt.renders_tools and not fmt.opens_think and fmt.ends == (EOS,)
     assert ChatFormat(fresh(R1)).opens_think and not ChatFormat(fresh(V31)).opens_think
-    # V3.2 and V4 write calls in DSML: refused by name, not read as Hermes
-    with pytest.raises(DataError, match="DSML"):
-        call_formats.resolve("auto", "{{ '<\uff5cDSML\uff5cfunction_calls>' }}")
+    # V3.2 and V4 write calls in DSML (tests/envs/test_deepseek_dsml.py), not read as Hermes
+    assert call_formats.resolve("auto", "{{ '<\uff5cDSML\uff5cfunction_calls>' }}") == "deepseek_dsml"
 
 
 def test_v3_episode_is_the_templates_rendering_of_the_conversation(fresh):

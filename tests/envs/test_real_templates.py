@@ -117,10 +117,15 @@ def test_qwen35_thinking_turns_start_inside_the_reasoning(tokenizer):
 DSML = shipped("qwen2_5") + "{%- if false %}<\uff5cDSML\uff5cfunction_calls>{% endif %}"
 
 
-def test_families_we_do_not_read_are_refused_by_name(tokenizer):
+def test_families_we_do_not_read_are_refused_by_name(tokenizer, monkeypatch):
+    """Every family we know is read now (DSML was the last refused: it reads as deepseek_dsml); the refusal stays
+    for the next one, checked here with a made-up family."""
+    from searchrl.envs import call_formats
     from searchrl.envs.call_formats import resolve
 
-    family, template = "DeepSeek V3.2 / V4", DSML
+    assert resolve("auto", DSML) == "deepseek_dsml"
+    monkeypatch.setitem(call_formats.UNSUPPORTED, "future", ("Future Family", "FUTURE_CALLS"))
+    family, template = "Future Family", shipped("qwen2_5") + "{%- if false %}FUTURE_CALLS{% endif %}"
     with pytest.raises(DataError, match=f"in {family}.*call_format"):
         resolve("auto", template)
     assert resolve("hermes", template) == "hermes"  # the user says the model writes Hermes calls

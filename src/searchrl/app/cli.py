@@ -197,10 +197,12 @@ def _add_tokenizer(sub: Any) -> None:
     k = sub.add_parser(
         "tokenizer",
         help="write a real model's tokenizer offline (Qwen2.5's or Qwen3's from the qwen extra; Mistral's tekken "
-        "from the mistral extra; DeepSeek-V3's from the deepseek extra)",
+        "from the mistral extra; DeepSeek-V3's, and V3.2's format on it, from the deepseek extra)",
     )
     k.add_argument(
-        "name", choices=["qwen2.5", "qwen3", "mistral-tekken", "deepseek-v3"], help="the vocabulary"
+        "name",
+        choices=["qwen2.5", "qwen3", "mistral-tekken", "deepseek-v3", "deepseek-v3.2"],
+        help="the vocabulary (deepseek-v3.2: DeepSeek-V3's with V3.2's prompt format, DSML tool calls)",
     )
     k.add_argument("--out", required=True, type=Path, help="the directory to write the tokenizer to")
     k.set_defaults(fn=commands.cmd_tokenizer)

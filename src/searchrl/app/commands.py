@@ -135,8 +135,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
     from searchrl.models.qwen import qwen_tokenizer
 
     t = time.perf_counter()
-    if args.name == "deepseek-v3":
-        tok = deepseek_tokenizer(args.out)
+    if args.name in ("deepseek-v3", "deepseek-v3.2"):
+        tok = deepseek_tokenizer(args.out, args.name.removeprefix("deepseek-"))
     elif args.name in VOCABULARIES:
         tok = mistral_tokenizer(args.out, args.name)
     else:

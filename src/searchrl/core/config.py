@@ -307,6 +307,7 @@ CallFormat = Literal[
     "gemma4",
     "gemma3",
     "gpt_oss",
+    "deepseek_dsml",
 ]
 
 

@@ -32,6 +32,11 @@
   recipient may also follow the channel: ``<|channel|>commentary to=functions.NAME <|constrain|>json``), or its
   answer, ``<|channel|>final<|message|>…`` ended by ``<|return|>``. Reasoning is not searched for calls, and the
   answer is the final channel's text (`harmony_answer`).
+- ``deepseek_dsml``: DeepSeek V3.2's DSML, after the turn's content ``\n\n<｜DSML｜function_calls>`` then per call
+  ``<｜DSML｜invoke name="NAME">`` with one ``<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`` per
+  argument (a string as is, anything else as JSON), ``</｜DSML｜invoke>``, and ``</｜DSML｜function_calls>``; the
+  turn ends with ``<｜end▁of▁sentence｜>``. DeepSeek ships no chat template for V3.2: `searchrl.models.deepseek`
+  stores one, a Jinja port of its reference encoder (V4's ``tool_calls`` wrapper is read too).
 - ``glm45``: ``<tool_call>NAME`` then ``<arg_key>K</arg_key>`` / ``<arg_value>V</arg_value>`` pairs, then
   ``</tool_call>`` (GLM-4.5, GLM-4.6; values typed by the tool's schema, as ``qwen3_coder``'s). Its template closes
   no turn: the model ends a calling turn with ``<|observation|>``, an answer with ``<|user|>``
@@ -66,6 +71,13 @@ MISTRAL_CALLS = "[TOOL_CALLS]"
 DS_CALLS, DS_CALLS_END = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>"
 DS_CALL, DS_CALL_END = "<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581call\u2581end\uff5c>"
 DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
+# DeepSeek V3.2's DSML (markup around the full-width-barred "｜DSML｜", text, not control tokens): an invoke per call
+DSML = "\uff5cDSML\uff5c"
+DSML_CALLS, DSML_CALLS_END = f"<{DSML}function_calls>", f"</{DSML}function_calls>"
+DSML_INVOKE, DSML_INVOKE_END = f"<{DSML}invoke", f"</{DSML}invoke>"
+_DSML_NAME = re.compile(r'\s+name="([^"<>\n]{1,200})">')
+DSML_PARAMETER, DSML_PARAMETER_END = f"<{DSML}parameter", f"</{DSML}parameter>"
+_DSML_PARAMETER = re.compile(re.escape(DSML_PARAMETER) + r' name="([^"<>\n]{1,200})" string="(true|false)">')
 # Gemma 4's: a call's block, and the delimiter of a string in its arguments (keys are bare)
 GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 _GEMMA_STRING = re.compile(re.escape(GEMMA_QUOTE) + r"(.*?)" + re.escape(GEMMA_QUOTE), re.S)
@@ -83,9 +95,8 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]{1,200})>(.*?)(?:</parameter>|(?=<pa
 
 
 # chat-template families whose tool calls the tool protocol does not read yet: refused, not read as Hermes
-UNSUPPORTED = {
-    "deepseek_dsml": ("DeepSeek V3.2 / V4 (DSML)", "DSML"),
-}
+# (name: (family, a marker its template holds)); none at present
+UNSUPPORTED: dict[str, tuple[str, str]] = {}
 # chat-template families with no tool turns of their own: their calls are prompted (`describe`), and the tool
 # messages are written as the guide of the family's vendor says (`searchrl.envs.chat_format.prompted`)
 PROMPTED = ("gemma3",)
@@ -109,6 +120,8 @@ def detect(template: str | None) -> str:
         return "gpt_oss"
     if "<start_of_turn>" in text:  # Gemma 2 and 3: no tool turns, calls prompted as Google's guide does
         return "gemma3"
+    if DSML in text:
+        return "deepseek_dsml"
     for name, (_, marker) in UNSUPPORTED.items():
         if marker in text:
             return name
@@ -133,7 +146,7 @@ def resolve(call_format: str, template: str | None) -> str:
         raise DataError(
             f"the chat template writes tool calls in {UNSUPPORTED[found][0]}'s format, which the tool protocol "
             f"does not read yet (it reads {', '.join(FORMATS)}); set env.call_format to one of those if the "
-            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral, DeepSeek V3 / R1 / V3.1, Gemma 3 / 4, gpt-oss)"
+            "model was trained to write it, or use a model of a supported family (Qwen2.5/Qwen3/Qwen3.5, Llama 3.1+, GLM-4.5, Mistral, DeepSeek V3 / R1 / V3.1 / V3.2, Gemma 3 / 4, gpt-oss)"
         )
     return found
 
@@ -156,6 +169,8 @@ def parse(fmt: str, text: str, tools: dict[str, Tool], limit: int | None = None)
         return _parse_tool_code(text, tools, limit)
     if fmt == "gpt_oss":
         return _parse_harmony(HARMONY_ANALYSIS.sub("", text), tools, limit)
+    if fmt == "deepseek_dsml":
+        return parse_tool_calls(text, tools, limit, _dsml_call, (DSML_INVOKE, DSML_INVOKE_END))
     return parse_tool_calls(text, tools, limit)
 
 
@@ -188,11 +203,55 @@ def write(fmt: str, name: str, arguments: dict[str, Any]) -> str:
         return f"{GEMMA_CALL}call:{name}{_gemma_value(dict(arguments))}{GEMMA_CALL_END}"
     if fmt == "gemma3":
         return tool_code([(name, arguments)])
+    if fmt == "deepseek_dsml":  # as DeepSeek's V3.2 encoder writes a calling turn's calls, after its content
+        return f"\n\n{DSML_CALLS}\n{dsml_invoke(name, arguments)}\n{DSML_CALLS_END}"
     if (
         fmt == "gpt_oss"
     ):  # the template's layout, after the opened ``<|start|>assistant``; ``<|call|>`` ends it
         return f" {HARMONY_TO}{name}<|channel|>commentary json{HARMONY_MESSAGE}{json.dumps(arguments, ensure_ascii=False)}"
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
+
+
+def dsml_invoke(name: str, arguments: dict[str, Any]) -> str:
+    """One DSML invoke as DeepSeek's V3.2 encoder writes it: a string parameter as is (``string="true"``),
+    anything else as JSON."""
+    params = "\n".join(
+        f'<{DSML}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
+        f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</{DSML}parameter>"
+        for k, v in arguments.items()
+    )
+    return f'{DSML_INVOKE} name="{name}">\n{params}\n{DSML_INVOKE_END}'
+
+
+def _dsml_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+    """One DSML invoke's body, `` name="NAME">`` then ``<｜DSML｜parameter name="K" string="true|false">V</…>``
+    parameters: a string one's text as is, any other read as JSON (as DeepSeek's encoder decodes them). One
+    forward scan (linear in the body's length); text between parameters is ignored, as the encoder's parser
+    ignores it."""
+    m = _DSML_NAME.match(body)
+    if m is None:
+        why = f'a call is {DSML_INVOKE} name="NAME"> with {DSML}parameter values, then {DSML_INVOKE_END}'
+        return ToolCall(None, error="missing_name", detail=why)
+    args: dict[str, Any] = {}
+    pos = m.end()
+    while (start := body.find(DSML_PARAMETER, pos)) >= 0:
+        p = _DSML_PARAMETER.match(body, start)
+        end = body.find(DSML_PARAMETER_END, p.end()) if p is not None else -1
+        if p is None or end < 0:
+            why = f'a parameter is {DSML_PARAMETER} name="K" string="true|false">V{DSML_PARAMETER_END}'
+            return ToolCall(m.group(1)[:80], error="bad_arguments", detail=why)
+        key, is_string, raw = p.group(1), p.group(2), body[p.end() : end]
+        pos = end + len(DSML_PARAMETER_END)
+        if key in args:
+            return ToolCall(None, error="duplicate_key", detail=f"the parameter {key[:80]!r} is given twice")
+        if is_string == "true":
+            args[key] = raw
+            continue
+        value, bad = _loads(raw)
+        if bad is not None:
+            return bad
+        args[key] = value
+    return _one_call(json.dumps({"name": m.group(1), "arguments": args}, ensure_ascii=False), tools)
 
 
 def call_ids(calls: list[ToolCall]) -> list[str]:

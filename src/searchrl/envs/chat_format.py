@@ -42,7 +42,9 @@ class ChatFormat:
         if not getattr(tokenizer, "chat_template", None):
             raise DataError(
                 f"the tool protocol renders prompts through the tokenizer's chat template; "
-                f"{getattr(tokenizer, 'name_or_path', 'this tokenizer')!r} has none"
+                f"{getattr(tokenizer, 'name_or_path', 'this tokenizer')!r} has none (DeepSeek-V3.2 ships none: copy "
+                "searchrl/models/templates/deepseek_v32.jinja, its format as a template, into the model directory "
+                "as chat_template.jinja)"
             )
         self.tokenizer, self.kwargs = tokenizer, dict(template_kwargs or {})
         from searchrl.envs.call_formats import FORMATS, detect
