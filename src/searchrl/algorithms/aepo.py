@@ -121,7 +121,7 @@ def entropy_weighted(
 
 class AEPO(ARPO):
     Config: ClassVar[type] = AEPOConfig
-    _penalized = 0  # candidate points whose branch probability the consecutive-branch penalty lowered
+    _penalized = 0  # candidate branches whose probability the consecutive-branch penalty lowered
 
     @classmethod
     def requires(cls, config: AEPOConfig, env: EnvConfig) -> Requirements:  # type: ignore[override]
@@ -161,7 +161,7 @@ class AEPO(ARPO):
     def collect(self, indices: list[int]) -> tuple[list[Trajectory], dict[str, float]]:
         self._penalized = 0
         rows, metrics = super().collect(indices)
-        metrics["aepo/penalized_points"] = Sum(self._penalized)  # type: ignore[assignment]
+        metrics["aepo/penalized_branches"] = Sum(self._penalized)  # type: ignore[assignment]
         return rows, metrics
 
     def loss(
