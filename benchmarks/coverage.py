@@ -31,7 +31,16 @@ def run_dir(name: str, algo: str, seed: int) -> Path:
 
 
 def predictions(run: Path, stage: str) -> dict[str, dict]:
-    path = run / "eval" / f"{stage}-test.predictions.jsonl"
+    """A run's per-question test predictions: the SFT start's (``sft``), or else its RL stage's (named for the
+    algorithm class: GiGPO's and IGPO's stage is ``grpo``)."""
+    if stage != "sft":
+        [path] = [
+            p
+            for p in (run / "eval").glob("*-test.predictions.jsonl")
+            if p.name.split("-")[0] not in ("sft", "untrained")
+        ]
+    else:
+        path = run / "eval" / "sft-test.predictions.jsonl"
     return {r["id"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
