@@ -81,21 +81,25 @@ def test_validate_accepts_exactly_what_a_dry_run_builds(
     assert checked > 50 and 5 < refused < checked - 5  # both kinds of outcome were met
 
 
-def test_validate_refuses_a_model_whose_tool_calls_we_do_not_read(tmp_path, capsys, qwen_model_dir, fixtures):
-    """A local model whose chat template writes DeepSeek V3.2's DSML tool calls (Qwen2.5's template carrying DSML's
-    marker stands in): refused by name at validate (and by the dry run), not read as Hermes; the user's
-    `env.call_format` overrides it."""
+def test_validate_refuses_a_model_whose_tool_calls_we_do_not_read(
+    tmp_path, capsys, qwen_model_dir, fixtures, monkeypatch
+):
+    """A local model whose chat template writes a family's tool calls we do not read (every family we know is read
+    now, so a made-up one stands in: Qwen2.5's template carrying its marker): refused by name at validate (and by
+    the dry run), not read as Hermes; the user's `env.call_format` overrides it. DeepSeek V3.2's DSML, the last one
+    refused, validates."""
     import shutil
     from importlib.resources import files
 
-    model = tmp_path / "dsml-like"
+    from searchrl.envs import call_formats
+
+    monkeypatch.setitem(call_formats.UNSUPPORTED, "future", ("Future Family", "FUTURE_CALLS"))
+    model = tmp_path / "future-like"
     shutil.copytree(qwen_model_dir, model)
     for name in ("chat_template.jinja", "chat_template.json"):
         (model / name).unlink(missing_ok=True)
     qwen = (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
-    (model / "chat_template.jinja").write_text(
-        qwen + "{%- if false %}<\uff5cDSML\uff5cfunction_calls>{% endif %}"
-    )
+    (model / "chat_template.jinja").write_text(qwen + "{%- if false %}FUTURE_CALLS{% endif %}")
     questions = fixtures / "flashrag.jsonl"
     over = [
         f"data.train={questions}",
@@ -106,5 +110,9 @@ def test_validate_refuses_a_model_whose_tool_calls_we_do_not_read(tmp_path, caps
     template = REPO / "experiments" / "templates" / "qa_tools.yaml"
     for verb in (["validate"], ["train", "--dry-run"]):
         said = outcome([verb[0], str(template), *verb[1:], *over], capsys)
-        assert "env.call_format" in said and "DSML" in said, said
-    assert "DSML" not in outcome(["validate", str(template), *over, "env.call_format=hermes"], capsys)
+        assert "env.call_format" in said and "Future Family" in said, said
+    assert outcome(["validate", str(template), *over, "env.call_format=hermes"], capsys) == "ok"
+    (model / "chat_template.jinja").write_text(
+        qwen + "{%- if false %}<\uff5cDSML\uff5cfunction_calls>{% endif %}"
+    )
+    assert outcome(["validate", str(template), *over], capsys) == "ok"
