@@ -144,7 +144,8 @@ def main() -> None:
         "keep every gold document). Same SFT checkpoint, RL seeds, steps and questions in both arms.",
         "",
         "| arm | EM, coverage 1.0 | EM, coverage "
-        f"{args.coverage} | coverage effect [95% CI] | p | EM at {args.coverage}: gold kept | gold missing |",
+        f"{args.coverage} | coverage effect [95% CI] | p | gold-kept questions, 1.0 → {args.coverage} | gold missing, "
+        f"1.0 → {args.coverage} |",
         "|---|---|---|---|---|---|---|",
     ]
     for algo in algos:
@@ -152,7 +153,8 @@ def main() -> None:
         lines.append(
             f"| {'SFT start' if algo == 'sft' else algo} | {fmt(row['full']['em'])} | {fmt(row['reduced']['em'])} | "
             f"{e['difference']:+.3f} [{e['low']:+.3f}, {e['high']:+.3f}] | {e['p']:.4f} | "
-            f"{fmt(row['reduced']['em_answerable'])} | {fmt(row['reduced']['em_unanswerable'])} |"
+            f"{fmt(row['full']['em_answerable'])} → {fmt(row['reduced']['em_answerable'])} | "
+            f"{fmt(row['full']['em_unanswerable'])} → {fmt(row['reduced']['em_unanswerable'])} |"
         )
     lines += [
         "",
