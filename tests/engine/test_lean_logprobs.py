@@ -68,12 +68,20 @@ def with_lora(model):
     )
 
 
-@pytest.mark.parametrize("build", ["qwen", "llama", "qwen-lora", "qwen-value-head", "qwen-large-vocab"])
+@pytest.mark.parametrize(
+    "build",
+    ["qwen", "llama", "qwen-lora", "qwen-value-head", "qwen-tiled", "llama-tiled", "qwen-large-vocab"],
+)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_lean_equals_full_with_gradients(build, temperature, monkeypatch):
+    """Both ways the output layer runs: whole (a small vocabulary x positions, `direct_logprobs`) and in
+    TRL's tiles (``-tiled``, and a vocabulary of several tiles)."""
     V = 20000 if build == "qwen-large-vocab" else 300
     if build == "qwen-large-vocab":  # several vocabulary tiles
         monkeypatch.setattr("searchrl.models.lean_head.VOCAB_TILE", 4096)
+    if build.endswith("-tiled") or build == "qwen-large-vocab":
+        monkeypatch.setattr("searchrl.models.lean_head.DIRECT_LIMIT", 0)
+        build = build.removesuffix("-tiled")
     model = {
         "qwen": qwen,
         "llama": llama,

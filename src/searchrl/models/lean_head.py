@@ -4,7 +4,9 @@ At Qwen2.5's 151,936 rows, float32 logits of one 4,096-token sequence take 2.5 G
 a Hugging Face causal LM so that ``model(..., lean_mask=mask)`` runs the backbone, then applies the output
 layer only at the positions the mask selects (the action tokens: position t is predicted from the hidden
 state at t - 1), in tiles, with TRL's chunked log-prob autograd function (`trl.kernels`): forward folds each
-tile into an online log-sum-exp, backward recomputes it, so no tile outlives its use. Under ZeRO-3 the
+tile into an online log-sum-exp, backward recomputes it, so no tile outlives its use. Where the selected
+positions' logits fit in one tile (``DIRECT_LIMIT``: a small vocabulary, the local models'), the layer runs
+whole and torch's fused cross-entropy gives the log-probs (`direct_logprobs`), faster on a CPU. Under ZeRO-3 the
 output layer's weight is gathered for both (TRL's `maybe_gather_lm_head_ctx`); the projection runs inside
 the model's own forward, so DDP and DeepSpeed see it as part of their forward. Without ``lean_mask`` the
 model behaves as before (generation is unchanged).
@@ -32,6 +34,11 @@ import torch.nn.functional as F
 from transformers.utils import ModelOutput
 
 VOCAB_TILE = 8192  # output-layer rows per tile: 4,096 positions x 8,192 rows of float32 = 128 MB at most
+# positions x vocabulary rows up to which the output layer runs whole (`direct_logprobs`): 32M float32 logits,
+# 128 MB, the size of one tile. A small vocabulary (the local models' 3,072-4,096 rows) then costs one GEMM and
+# torch's fused cross-entropy: 2.7x faster than the tiled kernel's torch fallback on a 2-core CPU
+# (6,600 positions x 4,096 rows x 128 wide, forward and backward: 0.29 s against 0.79 s)
+DIRECT_LIMIT = 1 << 25
 
 
 @dataclass
@@ -84,18 +91,32 @@ def add_lean_head(model: Any) -> Any:
             return LeanOutput(
                 logprobs=zeros.masked_scatter(F.pad(pos, (1, 0)), logprobs), hidden_states=(hidden,)
             )
-        with maybe_gather_lm_head_ctx(*([head.weight] if bias is None else [head.weight, bias])):
-            logprobs, entropy, *_ = ChunkedLogProbFunction.apply(
+        if (
+            int(pos.sum()) * head.weight.shape[0] <= DIRECT_LIMIT
+            and getattr(head.weight, "ds_id", None) is None
+        ):
+            logprobs, entropy = direct_logprobs(
                 hidden[:, :-1][pos],
-                head.weight,
-                bias,
+                head,
                 input_ids[:, 1:][pos],
-                float(lean_temperature),
-                VOCAB_TILE,
+                lean_temperature,
                 softcap,
-                float(scale),
-                ("entropy",) if lean_entropy else (),
+                scale,
+                lean_entropy,
             )
+        else:
+            with maybe_gather_lm_head_ctx(*([head.weight] if bias is None else [head.weight, bias])):
+                logprobs, entropy, *_ = ChunkedLogProbFunction.apply(
+                    hidden[:, :-1][pos],
+                    head.weight,
+                    bias,
+                    input_ids[:, 1:][pos],
+                    float(lean_temperature),
+                    VOCAB_TILE,
+                    softcap,
+                    float(scale),
+                    ("entropy",) if lean_entropy else (),
+                )
         where = F.pad(pos, (1, 0))
         zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=hidden.device)
         return LeanOutput(
@@ -107,6 +128,29 @@ def add_lean_head(model: Any) -> Any:
     model.forward = types.MethodType(forward, model)
     model._searchrl_lean_head = True
     return model
+
+
+def direct_logprobs(
+    hidden: torch.Tensor,
+    head: Any,
+    targets: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    scale: float,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (N,) of ``targets`` and their distributions' entropies (no gradient) from hidden states
+    (N, H) through the output layer whole: the logits z = (softcap·tanh(scale·h·Wᵀ / softcap) or scale·h·Wᵀ) / T,
+    as `trl.kernels.ChunkedLogProbFunction` computes them tile by tile."""
+    y = head(hidden).float() * scale
+    z = (softcap * torch.tanh(y / softcap) if softcap else y) / temperature
+    logprobs = -F.cross_entropy(z, targets, reduction="none")
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            logp = torch.log_softmax(z, -1)
+            ent = -(logp.exp() * logp).sum(-1)
+    return logprobs, ent
 
 
 def sampled_logprobs(
