@@ -47,6 +47,7 @@ def _eval_metrics(stage: dict[str, object]) -> dict[str, float]:
 
 
 TRAIN = ("rollout/tokens_generated", "time/step_s")  # summed over the run's steps
+PEAK = "mem/peak_rss_gb"  # the largest over the run's steps (runs before it was logged have none)
 
 
 def _questions_per_step(run: str) -> int:
@@ -102,6 +103,9 @@ def main() -> None:
             ]
             for m in TRAIN:
                 results[algo][s][m] = sum(r.get(m, 0.0) for r in rows)
+            peaks = [r[PEAK] for r in rows if PEAK in r]
+            if peaks:
+                results[algo][s][PEAK] = max(peaks)
             questions = len(rows) * _questions_per_step(
                 name
             )  # every step draws batch_size training questions
@@ -109,8 +113,19 @@ def main() -> None:
                 results[algo][s]["rollout/tokens_generated"] / questions
             )
             sft = _eval_metrics(res["sft"])
-    cols = (*METRICS, "rollout/tokens_generated", "generated_tokens_per_question", "time/step_s")
-    labels = {"rollout/tokens_generated": "generated tokens (run)", "time/step_s": "training s (run)"}
+    cols: tuple[str, ...] = (
+        *METRICS,
+        "rollout/tokens_generated",
+        "generated_tokens_per_question",
+        "time/step_s",
+    )
+    if all(PEAK in r for per_seed in results.values() for r in per_seed.values()):
+        cols += (PEAK,)
+    labels = {
+        "rollout/tokens_generated": "generated tokens (run)",
+        "time/step_s": "training s (run)",
+        PEAK: "peak RSS GB",
+    }
     head = " | ".join(labels.get(c, c) for c in cols)
     table = [
         f"From one SFT checkpoint ({args.sft}); mean ± std over seeds {args.seeds}; "

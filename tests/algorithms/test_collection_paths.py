@@ -52,7 +52,11 @@ def rows_of(trajs):
 
 
 def comparable(metrics: dict) -> dict:
-    return {k: float(v) for k, v in metrics.items() if "per_second" not in k and not k.startswith("time/")}
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if "per_second" not in k and not k.startswith(("time/", "mem/"))
+    }
 
 
 @pytest.mark.parametrize("name,args,extra", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])

@@ -107,7 +107,11 @@ def test_same_seed_same_machine_gives_identical_runs(tmp_path, world_dir, tiny_m
         # service/…: the counters of every live judge or summarizer client of the process, including clients that
         # earlier tests left for the garbage collector (present in run a or not, by the collector's timing)
         metrics = [
-            {k: v for k, v in r.items() if not k.startswith(("time/", "service/")) and "per_second" not in k}
+            {
+                k: v
+                for k, v in r.items()
+                if not k.startswith(("time/", "mem/", "service/")) and "per_second" not in k
+            }
             for r in read_metrics(out / "metrics.jsonl")
         ]
         return (

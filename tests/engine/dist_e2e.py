@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 from searchrl.rewards import REWARDS, register_reward  # noqa: E402
 from searchrl.rewards.judges import JUDGES  # noqa: E402
 
-TIME_KEYS = ("time/", "rollout/tokens_per_second")  # wall-clock measurements differ between runs
+TIME_KEYS = ("time/", "mem/", "rollout/tokens_per_second")  # wall-clock times, memory: differ between runs
 
 
 def ids_reward(traj: Any, **_: Any) -> float:

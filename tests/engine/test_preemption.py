@@ -19,7 +19,7 @@ from tests.engine.test_trainer import trainer_for
 def _same(a, b):
     for ra, rb in zip(a, b):
         for k in ra:
-            if not k.startswith(("time/", "rollout/tokens_per_second")):
+            if not k.startswith(("time/", "mem/", "rollout/tokens_per_second")):
                 assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-9), (ra["step"], k)
 
 

@@ -123,6 +123,9 @@ def test_sft_learns_and_exports(make_exp, small_world, caplog):
     assert "reward/mean" not in rows[0] and rows[0]["time/tokens_per_s"] > 0
     assert set(progress_fields(rows[-1])) == {"loss", "lr", "tok/s"}
     assert all(torch.isfinite(torch.tensor(r["train/grad_norm"])) for r in rows)
+    # the process's peak resident memory, for plotting and the benches: never falls, above the model's weights
+    peaks = [r["mem/peak_rss_gb"] for r in rows]
+    assert peaks == sorted(peaks) and peaks[0] > sum(p.numel() * 4 for p in tr.policy.parameters()) / 1e9
     after = state(tr.policy)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
@@ -234,7 +237,7 @@ def test_resume_repeats_an_uninterrupted_run(make_exp, tmp_path, monkeypatch):
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):
         for k in ra:
-            if not k.startswith(("time/", "rollout/tokens_per_second")):
+            if not k.startswith(("time/", "mem/", "rollout/tokens_per_second")):
                 assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-9), (ra["step"], k)
 
 

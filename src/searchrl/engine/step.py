@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import os
+import resource
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -32,6 +34,16 @@ from searchrl.models.packing import Packed, pack
 from searchrl.models.policy import Reference, forward, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
 from searchrl.rewards.pipeline import episode_metrics
+
+
+def peak_memory() -> dict[str, float]:
+    """This process's peak memory so far, the largest over processes: resident memory (GB; ``ru_maxrss`` is
+    in kB on Linux, bytes on macOS) and, on CUDA, the tensors' peak allocation on its device (GB)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out: dict[str, float] = {"mem/peak_rss_gb": Max(rss / (1e9 if sys.platform == "darwin" else 1e6))}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["mem/peak_gpu_gb"] = Max(torch.cuda.max_memory_allocated() / 1e9)
+    return out
 
 
 @dataclass
@@ -431,6 +443,7 @@ class TrainingStep:
             }
         )
         local.update(service_metrics())  # judge / summarizer requests and failures since the last step
+        local.update(peak_memory())
         return local
 
     def _reduce(self, local: dict[str, float], step: int) -> dict[str, float]:
