@@ -120,9 +120,9 @@ FIGURES = {
         )
     ],
     "tools_protocol": tools_table,
-    "learning-2026-11-28": lambda: [
-        *learning_seeds(["learning-2026-11-28", "learning-2026-11-28-seeds34"]),
-        *learning_seed("learning-2026-11-28", 0),
+    "learning-2026-11-29": lambda: [
+        *learning_seeds(["learning-2026-11-29", "learning-2026-11-29-seeds34"]),
+        *learning_seed("learning-2026-11-29", 0),
     ],
     "learning": lambda: learning("learning"),
     "quickstart_cpu_isa-2026-11-29": cpu_isa,
@@ -135,6 +135,9 @@ FIGURES = {
                     "grpo"
                 ]["per_seed"]
             )
+        ),
+        "against {mean:.3f} ± {std:.3f} without it".format(
+            **json.loads((RESULTS / "learning-2026-11-28.json").read_text())["summary"]["grpo"]
         ),
     ],
 }
