@@ -36,8 +36,9 @@ from transformers.utils import ModelOutput
 VOCAB_TILE = 8192  # output-layer rows per tile: 4,096 positions x 8,192 rows of float32 = 128 MB at most
 # positions x vocabulary rows up to which the output layer runs whole (`direct_logprobs`): 32M float32 logits,
 # 128 MB, the size of one tile. A small vocabulary (the local models' 3,072-4,096 rows) then costs one GEMM and
-# torch's fused cross-entropy: 2.7x faster than the tiled kernel's torch fallback on a 2-core CPU
-# (6,600 positions x 4,096 rows x 128 wide, forward and backward: 0.29 s against 0.79 s)
+# torch's fused cross-entropy: the layer alone 2.6-3.5x faster than the tiled kernel's torch fallback on a 2-core
+# CPU (2,048-6,600 positions x 4,096 rows x 128 wide, forward and backward), a whole warm-start step 8-11%
+# (benchmarks/results/tools_protocol.json, profile_2026_11_29)
 DIRECT_LIMIT = 1 << 25
 
 
