@@ -166,7 +166,11 @@ def test_packed_equals_padded_on_qwens_real_vocabulary(tmp_path):
     lp1, e1, _ = forward_lean(
         model, p.input_ids, None, p.loss_mask, 1.0, entropy=True, position_ids=p.position_ids
     )
-    assert (lp0 - p.unpack(lp1)).abs().max() < 1e-5 and (e0 - p.unpack(e1)).abs().max() < 1e-5
+    assert (lp0 - p.unpack(lp1)).abs().max() < 1e-5
+    # An entropy here is a float32 sum over 151,936 rows near log(151936) = 11.93, where one ulp is 9.5e-7: the
+    # padded and packed shapes sum in different orders, ~11 ulps apart on ATen's portable kernels (1.05e-5, the
+    # second floating-point path of .ci/run). 4e-5 stays below the spread between positions (~1e-4).
+    assert (e0 - p.unpack(e1)).abs().max() < 4e-5
 
 
 # ------------------------------------------------------------------ shared contexts (`models.prefix`)
