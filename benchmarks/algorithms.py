@@ -13,6 +13,12 @@ all seen before), generated tokens per training question and time per step, mean
 the per-question predictions (`searchrl report`'s statistics), a 95% bootstrap interval of EM over questions
 and seeds per algorithm and paired bootstrap tests (same questions, same seeds) of every algorithm against the
 SFT start and of every two algorithms, with p-values. Writes benchmarks/results/NAME.json and NAME.md.
+
+An experiment that trains offline on RAG-Gym process data (``process_data`` set: raggym_dpo, raggym_dpo_nll, ...)
+first collects it with the same SFT model and seed (`searchrl collect-process-data`, ``--process-questions``
+training questions, into runs/algos-NAME-process-<key>-seed<S>-q<Q>-data/, shared by arms whose collections
+would be the same); its generated tokens and seconds are the
+collection's plus its training's, and its tokens per question are per collected question.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = (
@@ -57,6 +64,43 @@ def _questions_per_step(run: str) -> int:
     return int(cfg["trainer"]["batch_size"])
 
 
+def _collect_process_data(config: Path, name: str, seed: int, sft: str, questions: int) -> dict[str, Any]:
+    """For an experiment that trains on process data: collect it and return its summary with ``out`` (the
+    directory), its generated tokens and its seconds under the training metrics' names; for any other
+    experiment, ``{}``. Arms of one seed whose collections would be the same (agent design and process_data
+    settings) share one (each is charged its whole cost); an existing collection is reused."""
+    import dataclasses
+    import hashlib
+
+    from searchrl.core.loader import read_experiment
+
+    exp = read_experiment(config)[0]
+    if exp.process_data.out is None:
+        return {}
+    settings = {k: v for k, v in dataclasses.asdict(exp.process_data).items() if k not in ("out", "limit")}
+    key = hashlib.sha1(
+        json.dumps([exp.env.agent, settings], sort_keys=True, default=str).encode()
+    ).hexdigest()
+    out = Path("runs") / f"{name.rsplit('-', 2)[0]}-process-{key[:8]}-seed{seed}-q{questions}-data"
+    if not (out / "summary.json").exists():
+        cmd = [
+            sys.executable,
+            "-m",
+            "searchrl",
+            "collect-process-data",
+            str(config),
+            "--model",
+            str(Path(sft).resolve()),
+            f"seed={seed}",
+            f"process_data.out={out}",
+            f"process_data.limit={questions}",
+        ]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    summary = json.loads((out / "summary.json").read_text())
+    return {**summary, "out": str(out), "time/step_s": summary["seconds"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sft", required=True, help="the SFT model every algorithm starts from")
@@ -65,6 +109,12 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--name", default="algorithms", help="results file name; also tags the run directories")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument(
+        "--process-questions",
+        type=int,
+        default=300,
+        help="training questions an offline (process-data) arm collects its data on",
+    )
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     steps = dict(x.split("=", 1) for x in args.steps)
@@ -78,6 +128,7 @@ def main() -> None:
             tag = "" if args.name == "algorithms" else f"-{args.name}"
             name = f"algos{tag}-{algo}-seed{s}"
             res_file = Path("runs") / name / "results.json"
+            collected = _collect_process_data(config, name, s, args.sft, args.process_questions)
             if not res_file.exists():
                 cmd = [
                     sys.executable,
@@ -88,6 +139,7 @@ def main() -> None:
                     f"name={name}",
                     f"seed={s}",
                     f"warm_start.checkpoint={Path(args.sft).resolve()}",
+                    *([f"process_data.out={collected['out']}"] if collected else []),
                     "trainer.samples.groups=0",  # benchmarks write no training samples
                     *([f"trainer.steps={steps[algo]}"] if algo in steps else []),
                     *args.overrides,
@@ -102,13 +154,12 @@ def main() -> None:
                 json.loads(line) for line in (Path("runs") / name / "metrics.jsonl").read_text().splitlines()
             ]
             for m in TRAIN:
-                results[algo][s][m] = sum(r.get(m, 0.0) for r in rows)
+                results[algo][s][m] = sum(r.get(m, 0.0) for r in rows) + float(collected.get(m, 0.0))
             peaks = [r[PEAK] for r in rows if PEAK in r]
             if peaks:
                 results[algo][s][PEAK] = max(peaks)
-            questions = len(rows) * _questions_per_step(
-                name
-            )  # every step draws batch_size training questions
+            # every step draws batch_size training questions; an offline arm generated on its collected ones
+            questions = collected.get("questions") or len(rows) * _questions_per_step(name)
             results[algo][s]["generated_tokens_per_question"] = (
                 results[algo][s]["rollout/tokens_generated"] / questions
             )

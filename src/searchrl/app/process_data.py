@@ -76,6 +76,7 @@ def collect(
     records: list[dict[str, Any]] = []
     stats = RolloutStats()
     kept = steps = 0
+    start = time.perf_counter()
     bar = tqdm(total=len(examples), desc="collect", disable=not progress)
     for i in range(0, len(examples), batch):
         chunk = examples[i : i + batch]
@@ -116,6 +117,8 @@ def collect(
         "steps": steps,
         "pairs": len(pairs),
         "candidates_per_step": cfg.n,
+        "seconds": time.perf_counter()
+        - start,  # the collection's wall time: its cost beside an online method's
         **stats.metrics(),
     }
     return pairs, records, summary
