@@ -3,7 +3,8 @@ over several seeds (mean ± std), from an experiment file (the quickstart by def
 
     python benchmarks/learning.py --seeds 0 1 2 3 4 [KEY=VALUE ...]
 
-Each seed is a full `searchrl train` run in runs/learning-seed<S>/ (finished stages are reused on re-run).
+Each seed is a full `searchrl train` run in runs/learning-seed<S>/ (a finished run is summarised, not run again;
+an unfinished one resumes its finished stages).
 From the per-question predictions it also gives each stage's 95% bootstrap interval over seeds and questions,
 the paired test of the last stage against the one before (same questions, same seeds), each run's wall time,
 and the quickstart's targets (issue 17): the RL stage beats its own SFT start by >= 0.05 in every seed and by
@@ -47,7 +48,9 @@ def main() -> None:
             *args.overrides,
         ]
         run = Path("runs") / name
-        if args.no_train:  # summarise finished runs; wall time from the run directory's first and last files
+        if args.no_train or (run / "results.json").exists():
+            # a finished run is summarised, not run again (which would evaluate it again and time only that);
+            # its wall time from the run directory's first and last files
             minutes[s] = ((run / "results.json").stat().st_mtime - (run / "config.yaml").stat().st_mtime) / 60
         else:
             print("$", " ".join(cmd), flush=True)
