@@ -129,6 +129,15 @@ FIGURES = {
         )
     ],
     "tools_protocol": tools_table,
+    "tools_protocol-packed": lambda: [
+        "seed 0 took {:.1f} minutes packed, SFT {:.3f} → GRPO {:.3f}".format(
+            (p := json.loads((RESULTS / "tools_protocol.json").read_text())["packed_2026_11_29"])["minutes"][
+                "total"
+            ],
+            p["sft"]["em"],
+            p["grpo"]["em"],
+        )
+    ],
     "learning-2026-11-29-packed": lambda: [
         *learning_seeds(["learning-2026-11-29-packed"]),
         *learning_seed("learning-2026-11-29-packed", 0),
