@@ -17,8 +17,8 @@ SFT start and of every two algorithms, with p-values. Writes benchmarks/results/
 An experiment that trains offline on RAG-Gym process data (``process_data`` set: raggym_dpo, raggym_dpo_nll, ...)
 first collects it with the same SFT model and seed (`searchrl collect-process-data`, ``--process-questions``
 training questions, into runs/algos-NAME-process-<key>-seed<S>-q<Q>-data/, shared by arms whose collections
-would be the same); its generated tokens and seconds are the
-collection's plus its training's, and its tokens per question are per collected question.
+would be the same); its generated tokens and seconds are the collection's plus its training's, and its tokens per
+question are per collected question.
 """
 
 from __future__ import annotations
