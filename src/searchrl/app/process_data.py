@@ -117,8 +117,8 @@ def collect(
         "steps": steps,
         "pairs": len(pairs),
         "candidates_per_step": cfg.n,
-        "seconds": time.perf_counter()
-        - start,  # the collection's wall time: its cost beside an online method's
+        # the collection's wall time: its cost beside an online method's
+        "seconds": time.perf_counter() - start,
         **stats.metrics(),
     }
     return pairs, records, summary
