@@ -95,14 +95,16 @@ def sweep(name: str, labels: dict[str, str]) -> list[str]:
 
 
 def tools_table() -> list[str]:
-    d = json.loads((RESULTS / "tools_protocol.json").read_text())["tools"]
+    """The tool quickstart's three seeds as the file now trains (packed; `tools_packed`), seed 0's minutes alone."""
+    d = json.loads((RESULTS / "tools_protocol.json").read_text())["tools_packed"]
     rows = []
-    for seed, device in (("0", "2 CPU cores"), ("1", "2 CPU cores"), ("2", "H100")):
+    for seed in "012":
         sft, grpo = d[seed]["sft"]["em"], d[seed]["grpo"]["em"]
-        rows.append(f"| seed {seed} ({device}) | {sft:.3f} | {grpo:.3f} | {grpo - sft:+.3f} |")
+        rows.append(f"| seed {seed} | {sft:.3f} | {grpo:.3f} | {grpo - sft:+.3f} |")
     sft = [d[s]["sft"]["em"] for s in "012"]
     grpo = [d[s]["grpo"]["em"] for s in "012"]
     rows.append(f"| 3 seeds, mean ± sd | {mean_sd(sft)} | {mean_sd(grpo)} | |")
+    rows.append(f"seed 0 took {d['0']['minutes']['total']:.1f} minutes alone")
     return rows
 
 
@@ -129,15 +131,6 @@ FIGURES = {
         )
     ],
     "tools_protocol": tools_table,
-    "tools_protocol-packed": lambda: [
-        "seed 0 took {:.1f} minutes packed, SFT {:.3f} → GRPO {:.3f}".format(
-            (p := json.loads((RESULTS / "tools_protocol.json").read_text())["packed_2026_11_29"])["minutes"][
-                "total"
-            ],
-            p["sft"]["em"],
-            p["grpo"]["em"],
-        )
-    ],
     "learning-2026-11-29-packed": lambda: [
         *learning_seeds(["learning-2026-11-29-packed"]),
         *learning_seed("learning-2026-11-29-packed", 0),
