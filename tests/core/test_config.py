@@ -36,6 +36,24 @@ def test_exponent_numbers_without_a_dot_are_numbers(tmp_path):
         load_experiment(None, ["trainer.steps=1e3"])
 
 
+def test_an_unquoted_no_in_yaml_is_the_choice_no(tmp_path):
+    # YAML 1.1 reads `mixed_precision: no` as false; accelerate's own config files quote it, users may not
+    f = write(
+        tmp_path,
+        "exp.yaml",
+        "trainer: {mixed_precision: no}\nwarm_start: {trainer: {mixed_precision: bf16}}\n",
+    )
+    exp = load_experiment(f)
+    assert exp.trainer.mixed_precision == "no"
+    assert exp.warm_start.trainer.mixed_precision == "bf16"
+    with pytest.raises(ConfigError, match="mixed_precision"):
+        load_experiment(f, ["trainer.mixed_precision=yes"])
+    assert (
+        load_experiment(f, ["warm_start.trainer.mixed_precision=no"]).warm_start.trainer.mixed_precision
+        == "no"
+    )
+
+
 def test_base_includes_merge_and_child_wins(tmp_path):
     write(tmp_path, "base.yaml", "name: base\nenv: {topk: 2, max_turns: 3}\nrewards: [{name: em}]\n")
     sub = tmp_path / "sub"

@@ -768,8 +768,12 @@ class TrainerConfig:
     )
     tensorboard: bool = setting(False, "write TensorBoard event files beside metrics.jsonl")
     wandb_project: str | None = setting(None, "log to this Weights & Biases project; null: not at all")
-    mixed_precision: Literal["no", "bf16", "fp16"] = setting(
-        "no", "accelerate's mixed precision: no, bf16 or fp16"
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = setting(
+        None,
+        (
+            "accelerate's mixed precision: no, bf16 or fp16; null: what `accelerate launch` was given (its "
+            "config's mixed_precision), else no. Each stage may set its own (a warm start in float32, RL in bf16)"
+        ),
     )
     master_weights: bool = setting(
         True,
@@ -1003,6 +1007,10 @@ def convert(tp: Any, value: Any, ctx: KeySources, key: str) -> Any:
         raise errors[0] if len(errors) == 1 else ctx.error(key, f"expected one of {inner}", value=value)
     if origin is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool) and not any(isinstance(c, bool) for c in choices):
+            # YAML 1.1 reads an unquoted `no` / `off` (`yes` / `on`) as a boolean: `mixed_precision: no`
+            spellings = ("yes", "on", "true") if value else ("no", "off", "false")
+            value = next((c for c in spellings if c in choices), value)
         if value not in choices:
             raise ctx.error(key, "invalid value", value=value, choices=[str(c) for c in choices])
         return value

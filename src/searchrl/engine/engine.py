@@ -75,6 +75,26 @@ def distributed_state(timeout: float | None = None) -> Any:
     return PartialState()
 
 
+def _adopt_mixed_precision(mixed_precision: str | None) -> None:
+    """Let an `Accelerator` with ``mixed_precision`` be built after the process's first one.
+
+    accelerate fixes the mixed precision of its process-wide state at the first `Accelerator`
+    (`distributed_state`'s, which takes `accelerate launch`'s setting) and refuses a later one that asks for
+    another, outside DeepSpeed. A run's stages may ask for different ones (a warm start in float32, RL in
+    bfloat16), and a launcher's config may name one the experiment overrides; the accelerator state (not the
+    process group) is then rebuilt. ``None``: the launcher's (``ACCELERATE_MIXED_PRECISION``), else ``no``."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    if mixed_precision is None:
+        mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    if not AcceleratorState._shared_state:
+        return
+    acc = AcceleratorState()
+    if acc.distributed_type != DistributedType.DEEPSPEED and str(acc.mixed_precision) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
 def _process_group_kwargs() -> list[Any]:
     """gloo when launched on CPU (without it accelerate reports one process under DeepSpeed), and the
     collective timeout."""
@@ -120,19 +140,20 @@ class Engine:
         grad_accum: int = 1,
         micro_batch_size: int = 1,
         max_grad_norm: float | None = 1.0,
-        mixed_precision: str = "no",
+        mixed_precision: str | None = None,
         seed: int = 0,
     ) -> None:
         from accelerate import Accelerator
         from accelerate.utils import DataLoaderConfiguration, set_seed
 
         distributed_state()
+        _adopt_mixed_precision(mixed_precision)
         self._phase: tuple[str, int | None] = ("setup", None)
         self._generating: Any = None  # the gathered module while a rollout is under way
         self._nonfinite_loss: float | None = None
         self.accelerator = Accelerator(
             gradient_accumulation_steps=grad_accum,
-            mixed_precision=mixed_precision,
+            mixed_precision=mixed_precision,  # None: the launcher's
             kwargs_handlers=_process_group_kwargs(),
             # our batch sizes are global (`trainer.batch_size` is split over the processes), and so is the
             # schedule's step count: the prepared scheduler steps once per optimizer step. accelerate's default
