@@ -151,3 +151,94 @@ def test_sft_targets_actions_or_everything(tiny_model_dir):
     lm = build_batch([record_to_trajectory(rec, tok, all_tokens=True)], tok.pad_token_id)
     assert lm.loss_mask.sum() == lm.attention_mask.sum() and not lm.obs_mask.any()
     assert lm.input_ids.tolist() == acts.input_ids.tolist()
+
+
+def test_sft_leaves_the_prompt_start_every_record_shares_as_context(tiny_model_dir):
+    """loss_on all_but_common_prefix: the system prompt every record starts with is context; the rest of the
+    prompt (the question), the actions and the documents are targets."""
+    from searchrl.algorithms.sft import common_prefix, record_to_trajectory
+    from searchrl.core.masking import build_batch
+    from searchrl.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    system = "You answer questions. Tools: search(query).\n"
+    recs = [
+        {
+            "prompt": system + q,
+            "actions": ["<search> a </search>", "<answer> b </answer>"],
+            "observations": ["\n<information>doc</information>\n", ""],
+        }
+        for q in ("Question: who?\n", "Question: where?\n")
+    ]
+    shared = common_prefix(recs, tok)
+    ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in recs]
+    assert ids[0][:shared] == ids[1][:shared] and ids[0][shared] != ids[1][shared]
+    assert len(tok(system, add_special_tokens=False)["input_ids"]) <= shared + 1  # a merge may span the seam
+    for rec in recs:
+        lm = build_batch([record_to_trajectory(rec, tok, all_tokens=True)], tok.pad_token_id)
+        cut = build_batch(
+            [record_to_trajectory(rec, tok, all_tokens=True, context_prefix=shared)], tok.pad_token_id
+        )
+        assert cut.input_ids.tolist() == lm.input_ids.tolist()
+        mask = cut.loss_mask[0][cut.attention_mask[0].bool()]
+        assert not mask[:shared].any() and mask[shared:].all()
+        assert int(mask.sum()) == int(lm.loss_mask.sum()) - shared
+    assert common_prefix(recs[:1], tok) == 0 and common_prefix([recs[0], recs[0]], tok) == 0
+
+
+def test_sft_drops_the_shared_prompt_start_from_a_share_of_records(tiny_model_dir):
+    """drop_common_prefix: that share of records (the same draw every run) starts after the shared system
+    prompt, the others keep it whole; with all_but_common_prefix the kept prompt start is context."""
+    from searchrl.algorithms.base import Context
+    from searchrl.algorithms.sft import SFT, SFTConfig, common_prefix
+    from searchrl.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    recs = [
+        {
+            "prompt": f"System: search, then answer.\nQuestion {i}: who?\n",
+            "actions": ["<answer> b </answer>"],
+            "observations": [""],
+        }
+        for i in range(200)
+    ]
+    shared = common_prefix(recs, tok)
+    full = [tok(r["prompt"] + r["actions"][0], add_special_tokens=False)["input_ids"] for r in recs]
+
+    def build(**kw):
+        ctx = Context(None, None, tok, None, None, 64, [], records=recs)
+        return SFT(SFTConfig(**kw), ctx).trajs
+
+    for kw in ({"loss_on": "all"}, {"loss_on": "all_but_common_prefix"}):
+        trajs = build(drop_common_prefix=0.5, **kw)
+        dropped = [t.token_ids == ids[shared:] for t, ids in zip(trajs, full)]
+        assert all(d or t.token_ids == ids for d, t, ids in zip(dropped, trajs, full))
+        assert 70 <= sum(dropped) <= 130
+        for d, t in zip(dropped, trajs):
+            targets = sum(len(s.token_ids) for s in t.segments if s.kind == "action")
+            keep_context = kw["loss_on"] == "all_but_common_prefix" and not d
+            assert targets == len(t.token_ids) - (shared if keep_context else 0)
+        assert dropped == [
+            t.token_ids == ids[shared:] for t, ids in zip(build(drop_common_prefix=0.5, **kw), full)
+        ]
+    assert all(t.token_ids == ids for t, ids in zip(build(loss_on="all"), full))
+    assert all(
+        t.token_ids == ids[shared:] for t, ids in zip(build(loss_on="all", drop_common_prefix=1.0), full)
+    )
+
+
+def test_sft_keeps_a_prompt_that_is_all_shared_prefix_whole(tiny_model_dir):
+    """A prompt that another starts with is all common prefix: dropped, its row would start from nothing."""
+    from searchrl.algorithms.sft import common_prefix, record_to_trajectory
+    from searchrl.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer(tiny_model_dir)
+    recs = [
+        {"prompt": p, "actions": ["<answer> b </answer>"], "observations": [""]} for p in ("Q:", "Q: more")
+    ]
+    shared = common_prefix(recs, tok)
+    whole = record_to_trajectory(recs[0], tok, all_tokens=True)
+    assert shared == len(whole.segments[0].token_ids)
+    assert (
+        record_to_trajectory(recs[0], tok, all_tokens=True, drop_prefix=shared).token_ids == whole.token_ids
+    )

@@ -6,6 +6,7 @@ teacher, and by RAG-Gym's SFT on chosen actions.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -15,7 +16,7 @@ import torch
 from searchrl.algorithms.base import Algorithm, Requirements
 from searchrl.algorithms.loss_terms import nll_loss
 from searchrl.core.aggregate import Sum
-from searchrl.core.config import AT_LEAST_0, AlgorithmSettings, check_ranges, setting
+from searchrl.core.config import AT_LEAST_0, ZERO_TO_ONE, AlgorithmSettings, check_ranges, setting
 from searchrl.core.types import RolloutBatch, Segment, Step, Trajectory
 from searchrl.rollout.loop import encode
 
@@ -28,11 +29,19 @@ class SFTConfig(AlgorithmSettings):
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = setting(
         "token-mean", "how token losses become the batch's loss"
     )
-    loss_on: Literal["actions", "all"] = setting(
+    loss_on: Literal["actions", "all", "all_but_common_prefix"] = setting(
         "actions",
         "actions: NLL on the agent's tokens only (RAG-Gym SFT, fine-tuning a pretrained model); all: language "
         "modelling on the whole trajectory, documents included, for a model trained from scratch (the local tiny "
-        "models), whose documents repeat names and so teach it to copy them",
+        "models), whose documents repeat names and so teach it to copy them; all_but_common_prefix: as all, but "
+        "the prompt's start that every record shares (a system prompt with tool schemas) is context, not a target",
+    )
+    drop_common_prefix: float = setting(
+        0.0,
+        "the share of records (a fixed draw) trained without the prompt's start that every record shares (a "
+        "system prompt with tool schemas): shorter, cheaper rows for a warm start from scratch, the rest keeping "
+        "it so that the model reads it as evaluation and RL will give it; 0: every record whole",
+        ZERO_TO_ONE,
     )
     sampled_softmax: int = setting(
         0,
@@ -47,15 +56,30 @@ class SFTConfig(AlgorithmSettings):
 
 
 def record_to_trajectory(
-    rec: dict[str, Any], tokenizer: Any, example: Any = None, all_tokens: bool = False
+    rec: dict[str, Any],
+    tokenizer: Any,
+    example: Any = None,
+    all_tokens: bool = False,
+    context_prefix: int = 0,
+    drop_prefix: int = 0,
 ) -> Trajectory:
     """A text record (prompt, actions, observations) as segments. These are dataset texts, not model
     samples, so tokenizing them here is right; each piece is tokenized on its own, as at rollout time.
-    With ``all_tokens`` every piece is a target (segment kind "action"), for language-model training."""
+    With ``all_tokens`` every piece is a target (segment kind "action"), for language-model training, but for
+    the prompt's first ``context_prefix`` tokens, which stay context; the prompt's first ``drop_prefix`` tokens
+    are left out."""
     context = "action" if all_tokens else "observation"
-    segs = [Segment("action" if all_tokens else "prompt", encode(tokenizer, rec["prompt"]))]
+    prompt = encode(tokenizer, rec["prompt"])
+    if drop_prefix < len(prompt):  # a prompt that is all shared prefix stays whole: a row starts somewhere
+        prompt = prompt[drop_prefix:]
+    if not all_tokens:
+        segs = [Segment("prompt", prompt)]
+    elif 0 < context_prefix < len(prompt):
+        segs = [Segment("prompt", prompt[:context_prefix]), Segment("action", prompt[context_prefix:])]
+    else:
+        segs = [Segment("action", prompt)]
     steps = []
-    n = len(segs[0].token_ids)
+    n = len(prompt)
     for action, obs in zip(rec["actions"], rec["observations"]):
         segs.append(Segment("action", encode(tokenizer, action)))
         n += len(segs[-1].token_ids)
@@ -64,6 +88,19 @@ def record_to_trajectory(
             segs.append(Segment(context, encode(tokenizer, obs)))  # type: ignore[arg-type]
             n += len(segs[-1].token_ids)
     return Trajectory(example=example, segments=segs, steps=steps, finish_reason=rec.get("finish_reason"))
+
+
+def common_prefix(records: Sequence[dict[str, Any]], tokenizer: Any) -> int:
+    """How many tokens every record's prompt starts with (0 for fewer than two distinct prompts)."""
+    prompts = list(dict.fromkeys(r["prompt"] for r in records))
+    if len(prompts) < 2:
+        return 0
+    first = encode(tokenizer, prompts[0])
+    n = len(first)
+    for p in prompts[1:]:
+        ids = encode(tokenizer, p)
+        n = next((i for i, (a, b) in enumerate(zip(first[:n], ids)) if a != b), min(n, len(ids)))
+    return n
 
 
 class SFT(Algorithm):
@@ -77,8 +114,23 @@ class SFT(Algorithm):
         super().__init__(config, ctx)
         if not ctx.records:
             raise ValueError("SFT needs training records (teacher trajectories or a dataset of them)")
-        all_tokens = config.loss_on == "all"
-        self.trajs = [record_to_trajectory(r, ctx.tokenizer, all_tokens=all_tokens) for r in ctx.records]
+        all_tokens = config.loss_on != "actions"
+        cut = config.loss_on == "all_but_common_prefix" or config.drop_common_prefix > 0
+        shared = common_prefix(ctx.records, ctx.tokenizer) if cut else 0
+        rng = random.Random(0)  # which records lose it: the same in every process and run
+        context = shared if config.loss_on == "all_but_common_prefix" else 0
+        self.trajs = []
+        for r in ctx.records:
+            drop = shared if rng.random() < config.drop_common_prefix else 0
+            self.trajs.append(
+                record_to_trajectory(
+                    r,
+                    ctx.tokenizer,
+                    all_tokens=all_tokens,
+                    context_prefix=0 if drop else context,
+                    drop_prefix=drop,
+                )
+            )
 
     def num_items(self) -> int:
         return len(self.trajs)
