@@ -170,8 +170,8 @@ def test_sft_leaves_the_prompt_start_every_record_shares_as_context(tiny_model_d
         }
         for q in ("Question: who?\n", "Question: where?\n")
     ]
-    shared = common_prefix(recs, tok)
     ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in recs]
+    shared = common_prefix(ids)
     assert ids[0][:shared] == ids[1][:shared] and ids[0][shared] != ids[1][shared]
     assert len(tok(system, add_special_tokens=False)["input_ids"]) <= shared + 1  # a merge may span the seam
     for rec in recs:
@@ -183,7 +183,7 @@ def test_sft_leaves_the_prompt_start_every_record_shares_as_context(tiny_model_d
         mask = cut.loss_mask[0][cut.attention_mask[0].bool()]
         assert not mask[:shared].any() and mask[shared:].all()
         assert int(mask.sum()) == int(lm.loss_mask.sum()) - shared
-    assert common_prefix(recs[:1], tok) == 0 and common_prefix([recs[0], recs[0]], tok) == 0
+    assert common_prefix(ids[:1]) == 0 and common_prefix([ids[0], ids[0]]) == 0
 
 
 def test_sft_drops_the_shared_prompt_start_from_a_share_of_records(tiny_model_dir):
@@ -202,7 +202,7 @@ def test_sft_drops_the_shared_prompt_start_from_a_share_of_records(tiny_model_di
         }
         for i in range(200)
     ]
-    shared = common_prefix(recs, tok)
+    shared = common_prefix([tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in recs])
     full = [tok(r["prompt"] + r["actions"][0], add_special_tokens=False)["input_ids"] for r in recs]
 
     def build(**kw):
@@ -236,7 +236,7 @@ def test_sft_keeps_a_prompt_that_is_all_shared_prefix_whole(tiny_model_dir):
     recs = [
         {"prompt": p, "actions": ["<answer> b </answer>"], "observations": [""]} for p in ("Q:", "Q: more")
     ]
-    shared = common_prefix(recs, tok)
+    shared = common_prefix([tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in recs])
     whole = record_to_trajectory(recs[0], tok, all_tokens=True)
     assert shared == len(whole.segments[0].token_ids)
     assert (

@@ -62,14 +62,15 @@ def record_to_trajectory(
     all_tokens: bool = False,
     context_prefix: int = 0,
     drop_prefix: int = 0,
+    prompt_ids: list[int] | None = None,
 ) -> Trajectory:
     """A text record (prompt, actions, observations) as segments. These are dataset texts, not model
     samples, so tokenizing them here is right; each piece is tokenized on its own, as at rollout time.
     With ``all_tokens`` every piece is a target (segment kind "action"), for language-model training, but for
     the prompt's first ``context_prefix`` tokens, which stay context; the prompt's first ``drop_prefix`` tokens
-    are left out."""
+    are left out. ``prompt_ids``: the prompt already tokenized."""
     context = "action" if all_tokens else "observation"
-    prompt = encode(tokenizer, rec["prompt"])
+    prompt = encode(tokenizer, rec["prompt"]) if prompt_ids is None else list(prompt_ids)
     if drop_prefix < len(prompt):  # a prompt that is all shared prefix stays whole: a row starts somewhere
         prompt = prompt[drop_prefix:]
     if not all_tokens:
@@ -90,17 +91,13 @@ def record_to_trajectory(
     return Trajectory(example=example, segments=segs, steps=steps, finish_reason=rec.get("finish_reason"))
 
 
-def common_prefix(records: Sequence[dict[str, Any]], tokenizer: Any) -> int:
-    """How many tokens every record's prompt starts with (0 for fewer than two distinct prompts)."""
-    prompts = list(dict.fromkeys(r["prompt"] for r in records))
-    if len(prompts) < 2:
+def common_prefix(prompts: Sequence[list[int]]) -> int:
+    """How many tokens every prompt starts with (0 for fewer than two distinct prompts)."""
+    distinct = {tuple(p) for p in prompts}
+    if len(distinct) < 2:
         return 0
-    first = encode(tokenizer, prompts[0])
-    n = len(first)
-    for p in prompts[1:]:
-        ids = encode(tokenizer, p)
-        n = next((i for i, (a, b) in enumerate(zip(first[:n], ids)) if a != b), min(n, len(ids)))
-    return n
+    lo, hi = min(distinct), max(distinct)  # what the sorted first and last share, all share
+    return next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), len(lo))
 
 
 class SFT(Algorithm):
@@ -116,7 +113,13 @@ class SFT(Algorithm):
             raise ValueError("SFT needs training records (teacher trajectories or a dataset of them)")
         all_tokens = config.loss_on != "actions"
         cut = config.loss_on == "all_but_common_prefix" or config.drop_common_prefix > 0
-        shared = common_prefix(ctx.records, ctx.tokenizer) if cut else 0
+        # each distinct prompt tokenized once, for the common prefix and the rows
+        prompts = (
+            {p: encode(ctx.tokenizer, p) for p in dict.fromkeys(r["prompt"] for r in ctx.records)}
+            if cut
+            else {}
+        )
+        shared = common_prefix(list(prompts.values()))
         rng = random.Random(0)  # which records lose it: the same in every process and run
         context = shared if config.loss_on == "all_but_common_prefix" else 0
         self.trajs = []
@@ -129,6 +132,7 @@ class SFT(Algorithm):
                     all_tokens=all_tokens,
                     context_prefix=0 if drop else context,
                     drop_prefix=drop,
+                    prompt_ids=prompts.get(r["prompt"]),
                 )
             )
 
