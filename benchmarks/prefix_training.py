@@ -12,11 +12,12 @@ sharing in one run:
   with a 1,024- or 2,048-token instruct prompt and 256 tokens each after it; micro-batches of 8.
 
 Modes: ``padded`` (the default trainer), ``packed`` (``trainer.packing``, no sharing), ``shared`` (packing and
-sharing), and on a GPU ``flex`` (sharing through FlexAttention's block mask: measured, not a trainer option,
-`shared_prefix.use_tree_attention`). Micro-batches are cut in token order (what the trainer does with sharing
-on) for every mode. Each
-(shape, mode) runs in its own process (its peak resident memory is its own); the first round warms up, the
-best of ``--repeats`` is kept. Writes benchmarks/results/prefix_training.json.
+sharing), on a GPU ``flex`` (sharing through FlexAttention's block mask: measured, not a trainer option,
+`shared_prefix.use_tree_attention`), and when asked ``prefix_kv`` (the micro-batch's common prefix run once, its
+keys and values reused by every row: measured, not a trainer option, `shared_prefix.prefix_kv_logprobs`).
+Micro-batches are cut in token order (what the trainer does with sharing on) for every mode. Each (shape, mode)
+runs in its own process (its peak resident memory is its own); the first round warms up, the best of
+``--repeats`` is kept. Writes benchmarks/results/prefix_training.json.
 
     python benchmarks/prefix_training.py --model runs/quickstart/sft/final [--layers 2] [--repeats 2]
 """
@@ -43,7 +44,8 @@ SHAPES = {
     "instruct-1024": ("0.5b", 1, 8, 0, 1024, (256, 256), 8),
     "instruct-2048": ("0.5b", 1, 8, 0, 2048, (256, 256), 8),
 }
-MODES = ("padded", "packed", "shared", "flex")  # flex: on a GPU only (FlexAttention has no CPU backward)
+# flex: on a GPU only (FlexAttention has no CPU backward); prefix_kv: only when asked (--modes)
+MODES = ("padded", "packed", "shared", "flex", "prefix_kv")
 
 
 def model_of(
@@ -165,7 +167,10 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", help="the models' dtype (bfloat16 on a GPU)")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
     p.add_argument(
-        "--modes", nargs="+", default=None, help="of padded, packed, shared, and flex on a GPU; default: all"
+        "--modes",
+        nargs="+",
+        default=None,
+        help="of padded, packed, shared, flex (a GPU), prefix_kv; default: the first three (and flex on a GPU)",
     )
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -189,7 +194,7 @@ def main() -> None:
         print(json.dumps(one(spec["shape"], spec["mode"], a)))
         return
     results = []
-    modes = a.modes or (MODES if a.device == "cuda" else MODES[:3])
+    modes = a.modes or (MODES[:4] if a.device == "cuda" else MODES[:3])
     for shape in a.shapes:
         for mode in modes:
             cmd = [sys.executable, __file__, "--model", a.model, "--layers", str(a.layers), "--size", a.size]
@@ -222,6 +227,10 @@ def main() -> None:
             for base in ("packed", "padded")
             if base in by and "shared" in by
         }
+        if "prefix_kv" in by and "padded" in by:
+            speedups[shape]["prefix_kv_vs_padded"] = round(
+                by["padded"]["s_per_batch"] / by["prefix_kv"]["s_per_batch"], 2
+            )
         if "flex" in by:
             speedups[shape]["flex_vs_padded"] = round(
                 by["padded"]["s_per_batch"] / by["flex"]["s_per_batch"], 2

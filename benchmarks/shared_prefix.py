@@ -109,6 +109,51 @@ def use_tree_attention(model) -> None:
     model.set_attn_implementation(TREE_ATTENTION)
 
 
+def prefix_kv_logprobs(model, ids, attn, mask):
+    """Mode ``prefix_kv`` (measured, not a trainer option): the micro-batch's common prefix (every row's first
+    tokens, e.g. a group's prompt) run once as a batch of one, its keys and values expanded to every row, then
+    the rows' own tokens attending to them through transformers' cache, the gradients flowing back to the prefix
+    once; the output layer as `models.lean_head` applies it. Returns the (B, T) log-probs of the ``mask``
+    positions and the tokens run; a micro-batch sharing fewer than 2 tokens runs padded."""
+    import torch
+    import torch.nn.functional as F
+    from trl.kernels import ChunkedLogProbFunction
+
+    from searchrl.models.lean_head import DIRECT_LIMIT, VOCAB_TILE, direct_logprobs
+    from searchrl.models.policy import forward_lean
+    from searchrl.rollout.decoding import cache_kwargs, output_cache
+
+    B, T = ids.shape
+    same = ((ids == ids[:1]) & attn.bool()).all(0)
+    P = min(int(same.long().cumprod(0).sum()), int(attn.sum(-1).min()) - 1)
+    if P < 2:
+        return forward_lean(model, ids, attn, mask, 1.0)[0], ids.numel()
+    base, dev = model.base_model, ids.device
+    pre = base(input_ids=ids[:1, :P], position_ids=torch.arange(P, device=dev)[None], use_cache=True)
+    cache = output_cache(pre)
+    for layer in cache.layers:  # a view: the rows' attention reads the one copy, its gradient sums over them
+        layer.keys = layer.keys.expand(B, -1, -1, -1)
+        layer.values = layer.values.expand(B, -1, -1, -1)
+    own = base(
+        input_ids=ids[:, P:],
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, P:],
+        use_cache=True,
+        **cache_kwargs(base, cache),
+    )
+    hidden = torch.cat([pre.last_hidden_state.expand(B, -1, -1), own.last_hidden_state], 1)
+    head, pos = model.get_output_embeddings(), mask[:, 1:].bool()
+    h, targets = hidden[:, :-1][pos], ids[:, 1:][pos]
+    if int(pos.sum()) * head.weight.shape[0] <= DIRECT_LIMIT:
+        lp, _ = direct_logprobs(h, head, targets, 1.0, None, 1.0, False)
+    else:
+        lp, *_ = ChunkedLogProbFunction.apply(h, head.weight, None, targets, 1.0, VOCAB_TILE, None, 1.0, ())
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=dev).masked_scatter(
+        F.pad(pos, (1, 0)), lp.float()
+    )
+    return out, P + B * (T - P)
+
+
 def block_mask(mask, kind, dtype):
     """The (R, 1, C, C) boolean tree mask as FlexAttention's block mask (blocks of 128 × 128 that no query
     sees are skipped)."""
@@ -123,7 +168,8 @@ def timed_passes(
 ) -> tuple[list[float], int]:
     """Seconds of each round of forward + backward passes over ``batches`` ((ids, attention, loss mask) each),
     padded, packed, or packed with shared prefixes (``mode``: shared with the dense tree mask, flex with
-    FlexAttention's block mask), the first round a warm-up; and the tokens run.
+    FlexAttention's block mask), or with the common prefix's keys and values reused (prefix_kv,
+    `prefix_kv_logprobs`), the first round a warm-up; and the tokens run.
     ``layout``: if given, each round's seconds spent building the packed layout and its attention mask are
     appended to it (the device synchronised around that part, which the plain timing does not do)."""
     import torch
@@ -145,6 +191,9 @@ def timed_passes(
             if mode == "padded":
                 lp, _, _ = forward_lean(model, ids, attn, mask, 1.0)
                 m, run_tokens = mask, run_tokens + ids.numel()
+            elif mode == "prefix_kv":
+                lp, ran = prefix_kv_logprobs(model, ids, attn, mask)
+                m, run_tokens = mask, run_tokens + ran
             else:
                 if layout is not None:
                     sync()
