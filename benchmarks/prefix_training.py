@@ -11,10 +11,12 @@ sharing in one run:
   with ``--layers`` of its 24 layers (the CPU's time; every layer costs the same), one group of 8 episodes
   with a 1,024- or 2,048-token instruct prompt and 256 tokens each after it; micro-batches of 8.
 
-Modes: ``padded`` (the default trainer), ``packed`` (``trainer.packing``, no sharing), ``shared`` (packing and
-sharing), on a GPU ``flex`` (sharing through FlexAttention's block mask: measured, not a trainer option,
-`shared_prefix.use_tree_attention`), and when asked ``prefix_kv`` (the micro-batch's common prefix run once, its
-keys and values reused by every row: measured, not a trainer option, `shared_prefix.prefix_kv_logprobs`).
+Modes: ``padded`` (the trainer without packing), ``packed`` (``trainer.packing``, no sharing), ``shared``
+(packing and sharing as a prefix tree), ``shared_kv`` (the micro-batch's common prefix once through the KV cache,
+the rows after it padded or as a tree, whichever costs less: the trainer with packing where that prefix is
+``trainer.prefix_cache_tokens`` long, 512 by default, `models.cache`), on a GPU ``flex`` (sharing through FlexAttention's block mask: measured, not a
+trainer option, `shared_prefix.use_tree_attention`), and when asked ``prefix_kv`` (padded rows after the cached
+common prefix: the trainer without packing).
 Micro-batches are cut in token order (what the trainer does with sharing on) for every mode. Each (shape, mode)
 runs in its own process (its peak resident memory is its own); the first round warms up, the best of
 ``--repeats`` is kept. Writes benchmarks/results/prefix_training.json.
@@ -45,7 +47,7 @@ SHAPES = {
     "instruct-2048": ("0.5b", 1, 8, 0, 2048, (256, 256), 8),
 }
 # flex: on a GPU only (FlexAttention has no CPU backward); prefix_kv: only when asked (--modes)
-MODES = ("padded", "packed", "shared", "flex", "prefix_kv")
+MODES = ("padded", "packed", "shared", "shared_kv", "flex", "prefix_kv")
 
 
 def model_of(
@@ -170,7 +172,10 @@ def main() -> None:
         "--modes",
         nargs="+",
         default=None,
-        help="of padded, packed, shared, flex (a GPU), prefix_kv; default: the first three (and flex on a GPU)",
+        help=(
+            "of padded, packed, shared, shared_kv, flex (a GPU), prefix_kv; default: the first four (and flex "
+            "on a GPU)"
+        ),
     )
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -194,7 +199,7 @@ def main() -> None:
         print(json.dumps(one(spec["shape"], spec["mode"], a)))
         return
     results = []
-    modes = a.modes or (MODES[:4] if a.device == "cuda" else MODES[:3])
+    modes = a.modes or (MODES[:5] if a.device == "cuda" else MODES[:4])
     for shape in a.shapes:
         for mode in modes:
             cmd = [sys.executable, __file__, "--model", a.model, "--layers", str(a.layers), "--size", a.size]
@@ -227,14 +232,11 @@ def main() -> None:
             for base in ("packed", "padded")
             if base in by and "shared" in by
         }
-        if "prefix_kv" in by and "padded" in by:
-            speedups[shape]["prefix_kv_vs_padded"] = round(
-                by["padded"]["s_per_batch"] / by["prefix_kv"]["s_per_batch"], 2
-            )
-        if "flex" in by:
-            speedups[shape]["flex_vs_padded"] = round(
-                by["padded"]["s_per_batch"] / by["flex"]["s_per_batch"], 2
-            )
+        for mode in ("shared_kv", "prefix_kv", "flex"):
+            if mode in by and "padded" in by:
+                speedups[shape][f"{mode}_vs_padded"] = round(
+                    by["padded"]["s_per_batch"] / by[mode]["s_per_batch"], 2
+                )
     summary = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",

@@ -109,49 +109,25 @@ def use_tree_attention(model) -> None:
     model.set_attn_implementation(TREE_ATTENTION)
 
 
-def prefix_kv_logprobs(model, ids, attn, mask):
-    """Mode ``prefix_kv`` (measured, not a trainer option): the micro-batch's common prefix (every row's first
-    tokens, e.g. a group's prompt) run once as a batch of one, its keys and values expanded to every row, then
-    the rows' own tokens attending to them through transformers' cache, the gradients flowing back to the prefix
-    once; the output layer as `models.lean_head` applies it. Returns the (B, T) log-probs of the ``mask``
-    positions and the tokens run; a micro-batch sharing fewer than 2 tokens runs padded."""
-    import torch
-    import torch.nn.functional as F
-    from trl.kernels import ChunkedLogProbFunction
-
-    from searchrl.models.lean_head import DIRECT_LIMIT, VOCAB_TILE, direct_logprobs
+def cached_prefix_logprobs(model, ids, attn, mask, packed=False):
+    """Modes ``prefix_kv`` and ``shared_kv``: the trainer's path with ``trainer.prefix_cache_tokens`` (the
+    micro-batch's common prefix run once as a batch of one, its keys and values reused by every row,
+    `models.cache`), the rows padded or (``packed``, as the trainer with ``trainer.packing``) padded or packed as a
+    prefix tree after it, whichever `models.cache.cached_cost` finds cheaper. Returns the (B, T)
+    log-probs of the ``mask`` positions and the tokens run."""
+    from searchrl.models.cache import cached_cost, common_prefix
     from searchrl.models.policy import forward_lean
-    from searchrl.rollout.decoding import cache_kwargs, output_cache
+    from searchrl.models.prefix import attention_for, pack_shared
 
-    B, T = ids.shape
-    same = ((ids == ids[:1]) & attn.bool()).all(0)
-    P = min(int(same.long().cumprod(0).sum()), int(attn.sum(-1).min()) - 1)
-    if P < 2:
-        return forward_lean(model, ids, attn, mask, 1.0)[0], ids.numel()
-    base, dev = model.base_model, ids.device
-    pre = base(input_ids=ids[:1, :P], position_ids=torch.arange(P, device=dev)[None], use_cache=True)
-    cache = output_cache(pre)
-    for layer in cache.layers:  # a view: the rows' attention reads the one copy, its gradient sums over them
-        layer.keys = layer.keys.expand(B, -1, -1, -1)
-        layer.values = layer.values.expand(B, -1, -1, -1)
-    own = base(
-        input_ids=ids[:, P:],
-        attention_mask=attn,
-        position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, P:],
-        use_cache=True,
-        **cache_kwargs(base, cache),
-    )
-    hidden = torch.cat([pre.last_hidden_state.expand(B, -1, -1), own.last_hidden_state], 1)
-    head, pos = model.get_output_embeddings(), mask[:, 1:].bool()
-    h, targets = hidden[:, :-1][pos], ids[:, 1:][pos]
-    if int(pos.sum()) * head.weight.shape[0] <= DIRECT_LIMIT:
-        lp, _ = direct_logprobs(h, head, targets, 1.0, None, 1.0, False)
-    else:
-        lp, *_ = ChunkedLogProbFunction.apply(h, head.weight, None, targets, 1.0, VOCAB_TILE, None, 1.0, ())
-    out = torch.zeros(ids.shape, dtype=torch.float32, device=dev).masked_scatter(
-        F.pad(pos, (1, 0)), lp.float()
-    )
-    return out, P + B * (T - P)
+    n = common_prefix(ids, attn)
+    p = pack_shared(ids, attn, mask) if packed else None
+    if p is not None and n and cached_cost(*ids.shape, n) < cached_cost(*p.input_ids.shape, n):
+        p = None  # as the trainer chooses (`engine.step`): padded after the prefix where that costs less
+    if p is None:
+        return forward_lean(model, ids, attn, mask, 1.0, prefix=n)[0], ids.numel() - (ids.shape[0] - 1) * n
+    a = attention_for(p.attention, model.config._attn_implementation, model.dtype)
+    lp = forward_lean(model, p.input_ids, a, p.loss_mask, 1.0, position_ids=p.position_ids, prefix=n)[0]
+    return p.unpack(lp), p.input_ids.numel() - (p.input_ids.shape[0] - 1) * n
 
 
 def block_mask(mask, kind, dtype):
@@ -168,8 +144,8 @@ def timed_passes(
 ) -> tuple[list[float], int]:
     """Seconds of each round of forward + backward passes over ``batches`` ((ids, attention, loss mask) each),
     padded, packed, or packed with shared prefixes (``mode``: shared with the dense tree mask, flex with
-    FlexAttention's block mask), or with the common prefix's keys and values reused (prefix_kv,
-    `prefix_kv_logprobs`), the first round a warm-up; and the tokens run.
+    FlexAttention's block mask), or with the common prefix's keys and values reused (`cached_prefix_logprobs`:
+    prefix_kv padded, shared_kv packed with shared prefixes), the first round a warm-up; and the tokens run.
     ``layout``: if given, each round's seconds spent building the packed layout and its attention mask are
     appended to it (the device synchronised around that part, which the plain timing does not do)."""
     import torch
@@ -191,8 +167,8 @@ def timed_passes(
             if mode == "padded":
                 lp, _, _ = forward_lean(model, ids, attn, mask, 1.0)
                 m, run_tokens = mask, run_tokens + ids.numel()
-            elif mode == "prefix_kv":
-                lp, ran = prefix_kv_logprobs(model, ids, attn, mask)
+            elif mode in ("prefix_kv", "shared_kv"):
+                lp, ran = cached_prefix_logprobs(model, ids, attn, mask, packed=mode == "shared_kv")
                 m, run_tokens = mask, run_tokens + ran
             else:
                 if layout is not None:

@@ -65,6 +65,8 @@ ONLINE = (
     "grpo-balanced",
     "grpo-lora",
     "grpo-lora-packed",
+    "grpo-prefix-cache",
+    "grpo-lora-packed-prefix-cache",
     "grpo-checkpointing",
     "ppo",
     "ppo-lora",
@@ -87,6 +89,17 @@ CASES: dict[str, dict[str, Any]] = {
         "args": {"group_size": 2, "kl_coef": 0.05},
         "lora": True,
         "packing": True,
+    },
+    # every micro-batch's common prompt run once, its keys and values reused by the rows (`models.cache`):
+    # padded and full; packed as a prefix tree under LoRA (two passes through the layers before one backward,
+    # which under ZeRO-3 gathers each layer's parameters twice)
+    "grpo-prefix-cache": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "prefix_cache": 2},
+    "grpo-lora-packed-prefix-cache": {
+        "algorithm": "grpo",
+        "args": {"group_size": 2, "kl_coef": 0.05},
+        "lora": True,
+        "packing": True,
+        "prefix_cache": 2,
     },
     # activations recomputed in the backward pass (`model.gradient_checkpointing`; under ZeRO-3 the recompute
     # gathers each layer's parameters again)
@@ -155,6 +168,7 @@ def trainer_config(
     balance: bool = False,
     max_staleness: int = 0,
     schedule: str = "linear",
+    prefix_cache: int | None = None,
 ) -> Any:
     """Plain SGD without clipping, so that the update is the gradient itself and a wrong gradient shows
     in the weights (Adam's first step would hide its scale). A decaying schedule without warm-up: the first
@@ -174,6 +188,7 @@ def trainer_config(
         lean_logprobs=lean,
         packing=packing,
         balance_ranks=balance,
+        prefix_cache_tokens=prefix_cache,
         log_entropy=True,
         async_rollout=AsyncRolloutConfig(max_staleness=max_staleness),
     )
@@ -231,6 +246,7 @@ def build(
             spec.get("balance", False),
             ASYNC["max_staleness"] if spec.get("async") and not sync else 0,
             spec.get("schedule", "linear"),
+            spec.get("prefix_cache"),
         ),
         out_dir=out,
         resources=resources,
@@ -326,11 +342,21 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
     tr, resources = build(world, model, out, case)
     eng = tr.engine
     seen = instrument(tr)
+    cached: list[int] = []  # the prefix each micro-batch ran once (0: none)
+    find = tr.training_step._cached_prefix
+    tr.training_step._cached_prefix = lambda mb: cached.append(find(mb)) or cached[-1]
+    import searchrl.engine.step as step_module
+
+    cost = step_module.cached_cost
+    if CASES[case].get("packing") and CASES[case].get("prefix_cache"):
+        # the prefix tree after the cached prefix, whatever the rows' cost says (padded has its own case)
+        step_module.cached_cost = lambda rows, width, prefix: rows  # type: ignore[assignment]
     logged = [tr.step(0)]
     state = eng.accelerator.get_state_dict(tr.policy)  # collective under ZeRO-3
     if eng.is_main:
         torch.save({k: v.float().cpu() for k, v in state.items()}, out / "state-after-step-1.pt")
     logged.append(tr.step(1))
+    step_module.cached_cost = cost  # type: ignore[assignment]
     result: dict[str, Any] = {
         "rank": eng.rank,
         "world": eng.world_size,
@@ -340,6 +366,7 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
         "checkpointing": checkpointing(eng.unwrap(tr.policy)),
         "logged": logged,
         "gen_calls": seen["gen_calls"],
+        "cached_prefixes": cached,
     }
     if case == "grpo":  # evaluation during training (uneven shards), a checkpoint, and a resume from it
         from searchrl.app.train import make_evaluator

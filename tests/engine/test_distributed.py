@@ -241,6 +241,8 @@ def check_rollout_metrics(case: str, union: list, logged: dict[str, float]) -> N
         ("grpo", "grpo-balanced"),
         ("grpo", "grpo-checkpointing"),
         ("grpo-lora", "grpo-lora-packed"),
+        ("grpo", "grpo-prefix-cache"),
+        ("grpo-lora", "grpo-lora-packed-prefix-cache"),
     ],
 )
 def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, reference, other):
@@ -248,10 +250,17 @@ def test_lean_log_probs_and_packing_equal_the_padded_full_logits_path(run, refer
     the lean path (output layer at action tokens only; under ZeRO-3 the layer's weight is gathered), with
     each micro-batch packed (`trainer.packing`, a group's shared prompt run once: `trainer.share_prefix`)
     against padded rows, full and LoRA, and with whole groups moved between the processes to balance their
-    tokens (`trainer.balance_ranks`), and with the layers' activations recomputed in the backward pass
-    (`model.gradient_checkpointing`)."""
+    tokens (`trainer.balance_ranks`), with the layers' activations recomputed in the backward pass
+    (`model.gradient_checkpointing`), and with every micro-batch's common prompt run once through the KV
+    cache (`trainer.prefix_cache_tokens`), padded and full, packed and LoRA."""
     _, out = run
     base, variant = ranks(out, reference)[0], ranks(out, other)[0]
+    if (
+        "prefix-cache" in other
+    ):  # the prompt was cached on both processes, in the passes with and without grad
+        assert all(min(r["cached_prefixes"]) >= 2 for r in ranks(out, other))
+    else:
+        assert not any(base["cached_prefixes"]) and not any(variant["cached_prefixes"])
     assert [t.token_ids for t in base["collected"]] == [t.token_ids for t in variant["collected"]]
     a, b = untimed(base["logged"][0]), untimed(variant["logged"][0])
     if other == "grpo-balanced":

@@ -66,3 +66,25 @@ def test_prefix_tree_lean_path_on_qwens_vocabulary_on_a_gpu(qwen_model_dir):
     gap = max(float((lp0 - p.unpack(lp1)).abs().max()), float((e0 - p.unpack(e1)).abs().max()))
     print(f"\nprefix tree vs padded, Qwen2.5 vocabulary, lean path: {gap:.2e}")
     assert gap < 1e-5
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_cached_prefix_equals_one_pass_on_a_gpu(tiny_model_dir, lora):
+    """The micro-batch's common prefix run once through the KV cache (`models.cache`, float32 on the GPU):
+    padded rows and the prefix tree after it give one pass's log-probs, entropies, values and gradients."""
+    from .test_prefix_cache import _assert_equal, _run, _shared_rows
+
+    lm = add_lean_head(_load(tiny_model_dir))
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        lm = get_peft_model(
+            lm, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        )
+    model = PolicyWithValue(lm).cuda()
+    torch.nn.init.normal_(model.value_head.weight, std=0.1)
+    ids, attn, loss = (t.cuda() for t in _shared_rows(model.config.vocab_size))
+    p = pack_shared(ids, attn, loss)
+    whole = _run(model, ids, attn, loss, 0)
+    _assert_equal(whole, _run(model, ids, attn, loss, 60))
+    _assert_equal(whole, _run(model, ids, attn, loss, 60, p))

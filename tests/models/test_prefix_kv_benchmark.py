@@ -1,7 +1,7 @@
-"""The ``prefix_kv`` mode of `benchmarks/prefix_training.py` (`benchmarks/shared_prefix.py`'s
-`prefix_kv_logprobs`: a micro-batch's common prefix run once, its keys and values reused by every row) measures
-what it claims: the padded pass's log-probs and gradients on Qwen2.5's vocabulary, so its timing compares the same
-numbers."""
+"""The ``prefix_kv`` and ``shared_kv`` modes of `benchmarks/prefix_training.py` (`benchmarks/shared_prefix.py`'s
+`cached_prefix_logprobs`: the trainer's path with a micro-batch's common prefix run once, its keys and values
+reused by every row, padded or packed as a prefix tree) measure what they claim: the padded pass's log-probs and
+gradients on Qwen2.5's vocabulary, so their timings compare the same numbers."""
 
 import importlib.util
 from pathlib import Path
@@ -21,7 +21,7 @@ _SPEC = importlib.util.spec_from_file_location(
 assert _SPEC is not None and _SPEC.loader is not None
 _BENCH = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(_BENCH)
-prefix_kv_logprobs = _BENCH.prefix_kv_logprobs
+cached_prefix_logprobs = _BENCH.cached_prefix_logprobs
 
 pytestmark = pytest.mark.numerics
 VOCAB = 151936
@@ -51,17 +51,20 @@ def _grads(model):
     return out
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["prefix_kv", "shared_kv"])
 @pytest.mark.parametrize("own", [[12, 12, 12], [7, 15, 3, 11]])
-def test_prefix_kv_equals_the_padded_pass(own):
+def test_prefix_kv_equals_the_padded_pass(own, packed):
     model = _model()
     ids, attn, mask = _rows(40, own)
     ref = forward_lean(model, ids, attn, mask, 1.0)[0]
     (ref * mask).sum().backward()
     want = _grads(model)
-    got, ran = prefix_kv_logprobs(model, ids, attn, mask)
+    got, ran = cached_prefix_logprobs(model, ids, attn, mask, packed)
     (got * mask).sum().backward()
     grads = _grads(model)
-    assert ran == 40 + len(own) * (ids.shape[1] - 40)  # the prefix once, then each row's own columns
+    padded = 40 + len(own) * (ids.shape[1] - 40)  # the prefix once, then each row's own columns
+    tree = 40 + sum(own) + len(own) - 1  # the prefix once, each row's own tokens and the repeat at its head
+    assert ran == padded or (packed and ran == tree)
     assert torch.allclose(got * mask, ref * mask, atol=1e-5, rtol=1e-4)
     for name, g in want.items():
         assert torch.allclose(grads[name], g, atol=1e-5, rtol=1e-3), name
@@ -71,6 +74,6 @@ def test_prefix_kv_without_a_shared_prefix_runs_padded():
     model = _model()
     ids, attn, mask = _rows(40, [10, 10])
     ids[1, 0] = (ids[0, 0] + 1) % VOCAB  # the rows differ from their first token
-    got, ran = prefix_kv_logprobs(model, ids, attn, mask)
+    got, ran = cached_prefix_logprobs(model, ids, attn, mask)
     assert ran == ids.numel()
     assert torch.allclose(got, forward_lean(model, ids, attn, mask, 1.0)[0], atol=1e-6)

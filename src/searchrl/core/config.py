@@ -750,13 +750,26 @@ class TrainerConfig:
     share_prefix: bool = setting(
         True,
         (
-            "with packing: every prefix that rows of a micro-batch share runs once, forward and "
+            "every prefix that rows of a micro-batch share runs once, forward and "
             "backward, the rows laid out as a prefix tree (a system prompt and tool schemas, a "
             "question's prompt, the turns branches of one episode share, SLATE's and RAG-Gym's "
             "candidates of one step; `models.prefix`); micro-batches are cut in token order so that "
-            "such rows meet. Where the attention kernel takes a custom mask (SDPA, eager) and it costs "
-            "less than separate rows"
+            "such rows meet (with packing; where the attention kernel takes a custom mask, SDPA or eager, "
+            "and it costs less than separate rows); and a long prefix common to all rows of a micro-batch "
+            "runs once through the KV cache (prefix_cache_tokens), packed or not"
         ),
+    )
+    prefix_cache_tokens: int | None = setting(
+        512,
+        (
+            "with share_prefix: a micro-batch whose rows all begin with at least this many common tokens (an "
+            "instruct model's system prompt and tool schemas, a GRPO group's long prompt) runs them once as a "
+            "batch of one, and the rows (padded, or packed as a prefix tree) attend to their keys and values "
+            "(`models.cache`): the prompt's attention causal once instead of in every row's dense mask. Equal "
+            "to one pass within float rounding. Not while activation checkpointing recomputes the layers; "
+            "log-probs from the lean path only (lean_logprobs). null: never"
+        ),
+        AT_LEAST_1,
     )
     balance_ranks: bool = setting(
         False,

@@ -30,6 +30,7 @@ from searchrl.engine.rollouts import Rollouts
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule
 from searchrl.envs.context import last_rows
+from searchrl.models.cache import cached_cost, common_prefix
 from searchrl.models.packing import Packed, pack
 from searchrl.models.policy import Reference, forward, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
@@ -110,16 +111,32 @@ class TrainingStep:
         """Log-probs (and entropy, values) of the batch's action tokens under ``model``; 0 elsewhere.
         ``trainer.lean_logprobs``: the output layer applied at the action tokens only, in tiles
         (`models.lean_head`); otherwise from the full logits. ``trainer.packing``: the micro-batch's rows
-        run as one packed row (`models.packing`) and the results are scattered back."""
+        run as one packed row (`models.packing`) and the results are scattered back.
+        ``trainer.prefix_cache_tokens``: a long prefix common to all rows runs once (`models.cache`)."""
         ids, mask, pos = batch.input_ids, batch.loss_mask, None
         attn: torch.Tensor | None = batch.attention_mask
+        prefix = self._cached_prefix(batch)
         packed = self._pack(model, batch) if self.cfg.packing else None
+        if packed is not None and prefix and packed.attention is not None:
+            (R, C), (B, T) = packed.input_ids.shape, ids.shape
+            if cached_cost(B, T, prefix) < cached_cost(R, C, prefix):
+                packed = None  # after the cached prefix the rows are cheaper padded than as a tree
         if packed is not None:
             ids, mask, pos = packed.input_ids, packed.loss_mask, packed.position_ids
             attn = packed.attention
+            prefix = prefix if attn is not None else 0  # position-id packing has no mask to extend
         if self.cfg.lean_logprobs:
             logp, ent, v = forward_lean(
-                model, ids, attn, mask, self.shape.temperature, entropy, values, negatives, position_ids=pos
+                model,
+                ids,
+                attn,
+                mask,
+                self.shape.temperature,
+                entropy,
+                values,
+                negatives,
+                position_ids=pos,
+                prefix=prefix,
             )
         else:
             logits, v = forward(model, ids, attn, values=values, position_ids=pos)
@@ -131,6 +148,15 @@ class TrainingStep:
         if packed is None:
             return logp, ent, v
         return tuple(None if x is None else packed.unpack(x) for x in (logp, ent, v))  # type: ignore[return-value]
+
+    def _cached_prefix(self, batch: RolloutBatch) -> int:
+        """The leading tokens all rows of the micro-batch share, if at least ``trainer.prefix_cache_tokens``:
+        they run once through the KV cache (`models.cache`); else 0."""
+        least = self.cfg.prefix_cache_tokens
+        if not (self.cfg.share_prefix and self.cfg.lean_logprobs and least):
+            return 0
+        n = common_prefix(batch.input_ids, batch.attention_mask)
+        return n if n >= least else 0
 
     def _pack(self, model: Any, batch: RolloutBatch) -> Packed:
         """The micro-batch packed (`models.packing`), rows with the same context sharing it where the model's

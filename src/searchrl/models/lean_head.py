@@ -9,7 +9,9 @@ positions' logits fit in one tile (``DIRECT_LIMIT``: a small vocabulary, the loc
 whole and torch's fused cross-entropy gives the log-probs (`direct_logprobs`), faster on a CPU. Under ZeRO-3 the
 output layer's weight is gathered for both (TRL's `maybe_gather_lm_head_ctx`); the projection runs inside
 the model's own forward, so DDP and DeepSpeed see it as part of their forward. Without ``lean_mask`` the
-model behaves as before (generation is unchanged).
+model behaves as before (generation is unchanged). ``lean_prefix=P``: the first P tokens, the same in every
+row, run once and their keys and values reused by the rows (`models.cache.prefix_hidden`; not while
+activation checkpointing recomputes the layers, which drops a cache: then the rows run whole).
 
 The patched forward returns `LeanOutput`: per-token log-probs and entropy (B, T), 0 off the mask, aligned like
 `functional.token_logprobs`, and the final hidden states (for a value head).
@@ -32,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers.utils import ModelOutput
+
+from searchrl.models.cache import checkpointing_now, prefix_hidden
 
 VOCAB_TILE = 8192  # output-layer rows per tile: 4,096 positions x 8,192 rows of float32 = 128 MB at most
 # positions x vocabulary rows up to which the output layer runs whole (`direct_logprobs`): 32M float32 logits,
@@ -69,6 +73,7 @@ def add_lean_head(model: Any) -> Any:
         lean_temperature: float = 1.0,
         lean_entropy: bool = False,
         lean_negatives: int = 0,
+        lean_prefix: int = 0,
         **kwargs: Any,
     ) -> Any:
         if lean_mask is None:
@@ -80,7 +85,10 @@ def add_lean_head(model: Any) -> Any:
         for k in ("output_hidden_states", "logits_to_keep", "labels"):
             kwargs.pop(k, None)
         kwargs["use_cache"] = False
-        hidden = self.base_model(*args, **kwargs).last_hidden_state  # (B, T, H)
+        if lean_prefix > 0 and not args and not checkpointing_now(self):
+            hidden = prefix_hidden(self.base_model, lean_prefix, **kwargs)  # (B, T, H), the prefix run once
+        else:
+            hidden = self.base_model(*args, **kwargs).last_hidden_state  # (B, T, H)
         head = self.get_output_embeddings()
         bias = getattr(head, "bias", None)
         pos = lean_mask[:, 1:].bool()

@@ -213,13 +213,17 @@ def forward_lean(
     values: bool = False,
     negatives: int = 0,
     position_ids: torch.Tensor | None = None,
+    prefix: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-probs and entropy (B, T) of the ``mask`` positions, and values (B, T) from a `PolicyWithValue`,
     without a (B, T, V) logits tensor (`models.lean_head`; the LM must have been patched by
     `add_lean_head`, as `load_policy` and `Reference` do). ``negatives``: a sampled softmax (training only);
-    ``position_ids`` with no ``attention_mask``: packed rows, as in `forward`."""
+    ``position_ids`` with no ``attention_mask``: packed rows, as in `forward`. ``prefix``: the first tokens of
+    every row, the same in all, run once (`models.cache.prefix_hidden`)."""
     position_ids = _positions(attention_mask, position_ids)
     kw: dict[str, Any] = {"values": True} if values else {}
+    if prefix > 0:
+        kw["lean_prefix"] = prefix
     out = model(
         input_ids=batch_ids,
         attention_mask=attention_mask,

@@ -4,8 +4,6 @@ KV-cache arguments a model's forward takes."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +11,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from searchrl.models.cache import cache_arg, forward_params
+from searchrl.models.cache import output_cache as output_cache  # the generators read it from here
 from searchrl.rollout.generator import SamplingParams
 
 
@@ -106,19 +106,13 @@ def _ending_tokens(tokenizer: Any, chars: str) -> tuple[int, frozenset[int]]:
 def last_logits_only(model: Any) -> dict[str, int]:
     """``logits_to_keep=1`` where the model's forward takes it (transformers' causal LMs, under peft too): a
     prefill samples from its last position only, so the (rows, length, vocabulary) logits are not built."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(_base_type(model)) else {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in forward_params(_base_type(model)) else {}
 
 
 def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     """``cache`` under the name the model's forward takes: ``cache`` from transformers 5.24 on (which warns
     that the old name goes in 5.40), ``past_key_values`` before it and in custom models."""
-    return {_cache_arg(_base_type(model)): cache}
-
-
-def output_cache(out: Any) -> Any:
-    """The KV cache a forward returned (``out.cache`` from transformers 5.24 on, else the old name)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
+    return {cache_arg(_base_type(model)): cache}
 
 
 def _base_type(model: Any) -> type:
@@ -138,15 +132,6 @@ def base_model(model: Any) -> Any:
         else:
             break
     return model
-
-
-@functools.cache
-def _forward_params(cls: type) -> frozenset[str]:
-    return frozenset(inspect.signature(cls.forward).parameters)  # type: ignore[attr-defined]
-
-
-def _cache_arg(cls: type) -> str:
-    return "cache" if "cache" in _forward_params(cls) else "past_key_values"
 
 
 def model_eos_ids(model: Any) -> set[int]:
