@@ -342,21 +342,32 @@ def run_case(world: str, model: str, out_root: Path, case: str) -> None:
     tr, resources = build(world, model, out, case)
     eng = tr.engine
     seen = instrument(tr)
-    cached: list[int] = []  # the prefix each micro-batch ran once (0: none)
-    find = tr.training_step._cached_prefix
-    tr.training_step._cached_prefix = lambda mb: cached.append(find(mb)) or cached[-1]
     import searchrl.engine.step as step_module
 
-    cost = step_module.cached_cost
+    # each pass's cached prefix (0: none) and its rows' layout: padded (a 2-D mask) or a prefix tree (4-D)
+    cached: list[tuple[int, int]] = []
+    lean, cost = step_module.forward_lean, step_module.cached_cost
+
+    def recorded_lean(model: Any, ids: Any, attn: Any, *a: Any, prefix: int = 0, **kw: Any) -> Any:
+        cached.append((prefix, 0 if attn is None else attn.dim()))
+        return lean(model, ids, attn, *a, prefix=prefix, **kw)
+
+    step_module.forward_lean = recorded_lean  # type: ignore[assignment]
+    import searchrl.models.prefix as prefix_module
+
+    tree_cost = prefix_module._cost
     if CASES[case].get("packing") and CASES[case].get("prefix_cache"):
-        # the prefix tree after the cached prefix, whatever the rows' cost says (padded has its own case)
+        # the prefix tree after the cached prefix, whatever the costs say (these short rows would run plainly
+        # packed, or padded after the prefix; padded has its own case): the tree's cost counted in tokens only
         step_module.cached_cost = lambda rows, width, prefix: rows  # type: ignore[assignment]
+        prefix_module._cost = lambda n: n  # type: ignore[assignment]
     logged = [tr.step(0)]
     state = eng.accelerator.get_state_dict(tr.policy)  # collective under ZeRO-3
     if eng.is_main:
         torch.save({k: v.float().cpu() for k, v in state.items()}, out / "state-after-step-1.pt")
     logged.append(tr.step(1))
-    step_module.cached_cost = cost  # type: ignore[assignment]
+    step_module.cached_cost, step_module.forward_lean = cost, lean  # type: ignore[assignment]
+    prefix_module._cost = tree_cost  # type: ignore[assignment]
     result: dict[str, Any] = {
         "rank": eng.rank,
         "world": eng.world_size,

@@ -219,7 +219,7 @@ def test_a_training_step_with_a_cached_prefix_equals_one_without(make_exp, tmp_p
         tr = trainer_for(exp, "grpo", cfg, args={"kl_coef": 0.01}, out=tmp_path / f"c{cached}")
         got = gradients_at_update(tr)
         real = tr.training_step._cached_prefix
-        tr.training_step._cached_prefix = lambda b, real=real: calls.append(real(b)) or calls[-1]
+        tr.training_step._cached_prefix = lambda m, b, real=real: calls.append(real(m, b)) or calls[-1]
         torch.manual_seed(0)
         metrics.append(tr.step(0))
         grads.append(got)

@@ -115,7 +115,7 @@ class TrainingStep:
         ``trainer.prefix_cache_tokens``: a long prefix common to all rows runs once (`models.cache`)."""
         ids, mask, pos = batch.input_ids, batch.loss_mask, None
         attn: torch.Tensor | None = batch.attention_mask
-        prefix = self._cached_prefix(batch)
+        prefix = self._cached_prefix(model, batch)
         packed = self._pack(model, batch) if self.cfg.packing else None
         if packed is not None and prefix and packed.attention is not None:
             (R, C), (B, T) = packed.input_ids.shape, ids.shape
@@ -149,11 +149,15 @@ class TrainingStep:
             return logp, ent, v
         return tuple(None if x is None else packed.unpack(x) for x in (logp, ent, v))  # type: ignore[return-value]
 
-    def _cached_prefix(self, batch: RolloutBatch) -> int:
+    def _cached_prefix(self, model: Any, batch: RolloutBatch) -> int:
         """The leading tokens all rows of the micro-batch share, if at least ``trainer.prefix_cache_tokens``:
-        they run once through the KV cache (`models.cache`); else 0."""
+        they run once through the KV cache (`models.cache`); else 0. With the SDPA or eager attention kernel
+        (tested; flash-attention's variable-length path with a cache is not)."""
         least = self.cfg.prefix_cache_tokens
-        if not (self.cfg.share_prefix and self.cfg.lean_logprobs and least):
+        if (
+            not (self.cfg.share_prefix and self.cfg.lean_logprobs and least)
+            or prefix_mask_kind(model) is None
+        ):
             return 0
         n = common_prefix(batch.input_ids, batch.attention_mask)
         return n if n >= least else 0
