@@ -14,7 +14,7 @@ sharing in one run:
 Modes: ``padded`` (the trainer without packing), ``packed`` (``trainer.packing``, no sharing), ``shared``
 (packing and sharing as a prefix tree), ``shared_kv`` (the micro-batch's common prefix once through the KV cache,
 the rows after it padded or as a tree, whichever costs less: the trainer with packing where that prefix is
-``trainer.prefix_cache_tokens`` long, 512 by default, `models.cache`), on a GPU ``flex`` (sharing through FlexAttention's block mask: measured, not a
+``trainer.prefix_cache_tokens`` long, 512 by default, `models.prefix_cache`), on a GPU ``flex`` (sharing through FlexAttention's block mask: measured, not a
 trainer option, `shared_prefix.use_tree_attention`), and when asked ``prefix_kv`` (padded rows after the cached
 common prefix: the trainer without packing).
 Micro-batches are cut in token order (what the trainer does with sharing on) for every mode. Each (shape, mode)

@@ -112,12 +112,12 @@ def use_tree_attention(model) -> None:
 def cached_prefix_logprobs(model, ids, attn, mask, packed=False):
     """Modes ``prefix_kv`` and ``shared_kv``: the trainer's path with ``trainer.prefix_cache_tokens`` (the
     micro-batch's common prefix run once as a batch of one, its keys and values reused by every row,
-    `models.cache`), the rows padded or (``packed``, as the trainer with ``trainer.packing``) padded or packed as a
-    prefix tree after it, whichever `models.cache.cached_cost` finds cheaper. Returns the (B, T)
+    `models.prefix_cache`), the rows padded or (``packed``, as the trainer with ``trainer.packing``) padded or packed as a
+    prefix tree after it, whichever `models.prefix_cache.cached_cost` finds cheaper. Returns the (B, T)
     log-probs of the ``mask`` positions and the tokens run."""
-    from searchrl.models.cache import cached_cost, common_prefix
     from searchrl.models.policy import forward_lean
     from searchrl.models.prefix import attention_for, pack_shared
+    from searchrl.models.prefix_cache import cached_cost, common_prefix
 
     n = common_prefix(ids, attn)
     p = pack_shared(ids, attn, mask) if packed else None

@@ -90,7 +90,7 @@ CASES: dict[str, dict[str, Any]] = {
         "lora": True,
         "packing": True,
     },
-    # every micro-batch's common prompt run once, its keys and values reused by the rows (`models.cache`):
+    # every micro-batch's common prompt run once, its keys and values reused by the rows (`models.prefix_cache`):
     # padded and full; packed as a prefix tree under LoRA (two passes through the layers before one backward,
     # which under ZeRO-3 gathers each layer's parameters twice)
     "grpo-prefix-cache": {"algorithm": "grpo", "args": {"group_size": 2, "kl_coef": 0.05}, "prefix_cache": 2},

@@ -1,4 +1,4 @@
-"""A micro-batch's common prefix run once through the KV cache (`models.cache`, ``trainer.prefix_cache_tokens``):
+"""A micro-batch's common prefix run once through the KV cache (`models.prefix_cache`, ``trainer.prefix_cache_tokens``):
 padded rows and rows packed as a prefix tree give the one-pass log-probs, entropies, values and gradients, on
 the tiny Qwen2 model (full and LoRA, SDPA and eager) and on Qwen2.5's real vocabulary; activation
 checkpointing falls back to one pass; a training step equals the step without it."""
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from searchrl.core.config import TrainerConfig
-from searchrl.models.cache import cached_cost, common_prefix
 from searchrl.models.lean_head import add_lean_head
 from searchrl.models.policy import PolicyWithValue, enable_checkpointing, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared
+from searchrl.models.prefix_cache import cached_cost, common_prefix
 from tests.engine.test_trainer import assert_same_gradients, gradients_at_update, trainer_for
 from tests.models.test_packing import _load, tree_rows
 

@@ -70,7 +70,7 @@ def test_prefix_tree_lean_path_on_qwens_vocabulary_on_a_gpu(qwen_model_dir):
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_the_cached_prefix_equals_one_pass_on_a_gpu(tiny_model_dir, lora):
-    """The micro-batch's common prefix run once through the KV cache (`models.cache`, float32 on the GPU):
+    """The micro-batch's common prefix run once through the KV cache (`models.prefix_cache`, float32 on the GPU):
     padded rows and the prefix tree after it give one pass's log-probs, entropies, values and gradients."""
     from .test_prefix_cache import _assert_equal, _run, _shared_rows
 

@@ -30,10 +30,10 @@ from searchrl.engine.rollouts import Rollouts
 from searchrl.engine.samples import SampleRecorder
 from searchrl.engine.schedule import Schedule
 from searchrl.envs.context import last_rows
-from searchrl.models.cache import cached_cost, common_prefix
 from searchrl.models.packing import Packed, pack
 from searchrl.models.policy import Reference, forward, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared, prefix_mask_kind
+from searchrl.models.prefix_cache import cached_cost, common_prefix
 from searchrl.rewards.pipeline import episode_metrics
 
 
@@ -112,7 +112,7 @@ class TrainingStep:
         ``trainer.lean_logprobs``: the output layer applied at the action tokens only, in tiles
         (`models.lean_head`); otherwise from the full logits. ``trainer.packing``: the micro-batch's rows
         run as one packed row (`models.packing`) and the results are scattered back.
-        ``trainer.prefix_cache_tokens``: a long prefix common to all rows runs once (`models.cache`)."""
+        ``trainer.prefix_cache_tokens``: a long prefix common to all rows runs once (`models.prefix_cache`)."""
         ids, mask, pos = batch.input_ids, batch.loss_mask, None
         attn: torch.Tensor | None = batch.attention_mask
         prefix = self._cached_prefix(model, batch)
@@ -151,7 +151,7 @@ class TrainingStep:
 
     def _cached_prefix(self, model: Any, batch: RolloutBatch) -> int:
         """The leading tokens all rows of the micro-batch share, if at least ``trainer.prefix_cache_tokens``:
-        they run once through the KV cache (`models.cache`); else 0. With the SDPA or eager attention kernel
+        they run once through the KV cache (`models.prefix_cache`); else 0. With the SDPA or eager attention kernel
         (tested; flash-attention's variable-length path with a cache is not)."""
         least = self.cfg.prefix_cache_tokens
         if (

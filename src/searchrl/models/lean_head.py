@@ -10,7 +10,7 @@ whole and torch's fused cross-entropy gives the log-probs (`direct_logprobs`), f
 output layer's weight is gathered for both (TRL's `maybe_gather_lm_head_ctx`); the projection runs inside
 the model's own forward, so DDP and DeepSpeed see it as part of their forward. Without ``lean_mask`` the
 model behaves as before (generation is unchanged). ``lean_prefix=P``: the first P tokens, the same in every
-row, run once and their keys and values reused by the rows (`models.cache.prefix_hidden`; not while
+row, run once and their keys and values reused by the rows (`models.prefix_cache.prefix_hidden`; not while
 activation checkpointing recomputes the layers, which drops a cache: then the rows run whole).
 
 The patched forward returns `LeanOutput`: per-token log-probs and entropy (B, T), 0 off the mask, aligned like
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from transformers.utils import ModelOutput
 
-from searchrl.models.cache import checkpointing_now, prefix_hidden
+from searchrl.models.prefix_cache import checkpointing_now, prefix_hidden
 
 VOCAB_TILE = 8192  # output-layer rows per tile: 4,096 positions x 8,192 rows of float32 = 128 MB at most
 # positions x vocabulary rows up to which the output layer runs whole (`direct_logprobs`): 32M float32 logits,
@@ -82,13 +82,7 @@ def add_lean_head(model: Any) -> Any:
         from trl.trainer.utils import maybe_gather_lm_head_ctx
 
         input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
-        for k in ("output_hidden_states", "logits_to_keep", "labels"):
-            kwargs.pop(k, None)
-        kwargs["use_cache"] = False
-        if lean_prefix > 0 and not args and not checkpointing_now(self):
-            hidden = prefix_hidden(self.base_model, lean_prefix, **kwargs)  # (B, T, H), the prefix run once
-        else:
-            hidden = self.base_model(*args, **kwargs).last_hidden_state  # (B, T, H)
+        hidden = final_hidden(self, args, kwargs, lean_prefix)  # (B, T, H)
         head = self.get_output_embeddings()
         bias = getattr(head, "bias", None)
         pos = lean_mask[:, 1:].bool()
@@ -137,6 +131,18 @@ def add_lean_head(model: Any) -> Any:
     model.forward = types.MethodType(forward, model)
     model._searchrl_lean_head = True
     return model
+
+
+def final_hidden(model: Any, args: tuple, kwargs: dict[str, Any], prefix: int) -> torch.Tensor:
+    """The backbone's final hidden states (B, T, H) for the patched forward's arguments, without a cache; with
+    ``prefix``, the first ``prefix`` tokens (the same in every row) run once (`models.prefix_cache.prefix_hidden`),
+    unless activation checkpointing would recompute the layers now (that drops a cache)."""
+    for k in ("output_hidden_states", "logits_to_keep", "labels"):
+        kwargs.pop(k, None)
+    kwargs["use_cache"] = False
+    if prefix > 0 and not args and not checkpointing_now(model):
+        return prefix_hidden(model.base_model, prefix, **kwargs)
+    return model.base_model(*args, **kwargs).last_hidden_state
 
 
 def direct_logprobs(

@@ -219,7 +219,7 @@ def forward_lean(
     without a (B, T, V) logits tensor (`models.lean_head`; the LM must have been patched by
     `add_lean_head`, as `load_policy` and `Reference` do). ``negatives``: a sampled softmax (training only);
     ``position_ids`` with no ``attention_mask``: packed rows, as in `forward`. ``prefix``: the first tokens of
-    every row, the same in all, run once (`models.cache.prefix_hidden`)."""
+    every row, the same in all, run once (`models.prefix_cache.prefix_hidden`)."""
     position_ids = _positions(attention_mask, position_ids)
     kw: dict[str, Any] = {"values": True} if values else {}
     if prefix > 0:

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from searchrl.models.cache import cache_arg, forward_params
-from searchrl.models.cache import output_cache as output_cache  # the generators read it from here
+from searchrl.models.prefix_cache import cache_arg, forward_params
+from searchrl.models.prefix_cache import output_cache as output_cache  # the generators read it from here
 from searchrl.rollout.generator import SamplingParams
 
 
