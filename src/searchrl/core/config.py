@@ -765,9 +765,10 @@ class TrainerConfig:
             "with share_prefix: a micro-batch whose rows all begin with at least this many common tokens (an "
             "instruct model's system prompt and tool schemas, a GRPO group's long prompt) runs them once as a "
             "batch of one, and the rows (padded, or packed as a prefix tree) attend to their keys and values "
-            "(`models.prefix_cache`): the prompt's attention causal once instead of in every row's dense mask. Equal "
-            "to one pass within float rounding. With the SDPA or eager attention kernel, the lean log-prob "
-            "path (lean_logprobs), and not while activation checkpointing recomputes the layers. null: never"
+            "(`models.prefix_cache`): the prompt's attention causal once instead of in every row's dense "
+            "mask. Equal to one pass within float rounding. With the SDPA or eager attention kernel, the lean "
+            "log-prob path (lean_logprobs), and not while activation checkpointing recomputes the layers. "
+            "null: never"
         ),
         AT_LEAST_1,
     )

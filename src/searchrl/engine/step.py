@@ -151,8 +151,8 @@ class TrainingStep:
 
     def _cached_prefix(self, model: Any, batch: RolloutBatch) -> int:
         """The leading tokens all rows of the micro-batch share, if at least ``trainer.prefix_cache_tokens``:
-        they run once through the KV cache (`models.prefix_cache`); else 0. With the SDPA or eager attention kernel
-        (tested; flash-attention's variable-length path with a cache is not)."""
+        they run once through the KV cache (`models.prefix_cache`); else 0. With the SDPA or eager attention
+        kernel (tested; flash-attention's variable-length path with a cache is not)."""
         least = self.cfg.prefix_cache_tokens
         if (
             not (self.cfg.share_prefix and self.cfg.lean_logprobs and least)

@@ -1,6 +1,7 @@
 """The KV cache as a model's forward takes and returns it, and a micro-batch's common prefix run once through it.
 
-`prefix_hidden` is the trainer's third way of sharing a prefix (docs/objectives.md, "Shared prefixes"): the
+`prefix_hidden` is the trainer's second way of sharing a prefix (docs/objectives.md, "A long common prefix
+through the KV cache"; the first is the prefix tree of `models.prefix`): the
 leading tokens every row of a micro-batch begins with (an instruct model's system prompt and tool schemas, the
 one prompt of a GRPO group) run once as a batch of one; their keys and values are expanded (a view, no copy)
 to every row, and the rows run only their own tokens against them, attending to the prefix's keys through the
@@ -64,9 +65,10 @@ def prefix_hidden(base: Any, prefix: int, **kwargs: Any) -> torch.Tensor:
     """The final hidden states (R, C, H) of ``base`` (a transformers backbone: `model.base_model` of a causal
     LM) over ``input_ids`` (R, C), with their first ``prefix`` columns (identical in every row, positions 0 …
     prefix − 1, causal among themselves: `common_prefix` of the rows; packed rows, `models.packing` and
-    `models.prefix`, begin with a whole row each, so their first columns are the same) run once. ``attention_mask``: the rows' 2-D mask
-    (C columns), or a 4-D one (R, 1, C, C) for packed rows with shared prefixes (`models.prefix`), of which
-    the rows' own queries' part is used; ``position_ids`` (R, C) as for one pass."""
+    `models.prefix`, begin with a whole row each, so their first columns are the same) run once.
+    ``attention_mask``: the rows' 2-D mask (C columns), or a 4-D one (R, 1, C, C) for packed rows with shared
+    prefixes (`models.prefix`), of which the rows' own queries' part is used; ``position_ids`` (R, C) as for
+    one pass."""
     ids, positions = kwargs.pop("input_ids"), kwargs.pop("position_ids", None)
     attention = kwargs.pop("attention_mask", None)
     if positions is None:  # right-padded rows with their 2-D mask
