@@ -102,6 +102,28 @@ def test_packed_lean_path(tiny_model_dir):
     assert (lp0 - p.unpack(lp1)).abs().max() < 1e-5 and (e0 - p.unpack(e1)).abs().max() < 1e-5
 
 
+def step_once(exp, out, algorithm, args, before=None, **settings):
+    """One training step of ``algorithm`` from seed 0 with the trainer ``settings``: its metrics and the
+    gradients the update received (unclipped). ``before(trainer)`` runs first (to instrument it)."""
+    cfg = TrainerConfig(
+        steps=1, batch_size=2, micro_batch_size=4, lr=5e-3, max_grad_norm=1e9, save_every=10**6, **settings
+    )
+    tr = trainer_for(exp, algorithm, cfg, args=args, out=out)
+    got = gradients_at_update(tr)
+    if before is not None:
+        before(tr)
+    torch.manual_seed(0)
+    return tr.step(0), got
+
+
+def assert_same_step(metrics, grads):
+    """Two steps' metrics and gradients (`step_once`) agree: the same episodes, loss, norm and gradients."""
+    assert metrics[0]["rollout/tokens_generated"] == metrics[1]["rollout/tokens_generated"]  # same episodes
+    assert metrics[0]["train/loss"] == pytest.approx(metrics[1]["train/loss"], abs=1e-5)
+    assert metrics[0]["train/grad_norm"] == pytest.approx(metrics[1]["train/grad_norm"], rel=1e-4, abs=1e-6)
+    assert_same_gradients(*grads)
+
+
 def step_padded_and_packed(exp, tmp_path, algorithm, args, lean):
     """One training step of ``algorithm`` padded, then packed, from the same seed: its metrics and the
     gradients the update received (unclipped).
@@ -109,34 +131,17 @@ def step_padded_and_packed(exp, tmp_path, algorithm, args, lean):
     Gradients, not the weights after the step: under Adam an entry whose gradient is ~0 moves by up to the
     learning rate in whichever direction float rounding gives it, so weights after an Adam step differ by a
     fraction of lr between two summation orders on some CPUs (5.4e-5 at lr 5e-3 on an AMD EPYC)."""
-    grads, metrics = [], []
-    for packing in (False, True):
-        cfg = TrainerConfig(
-            steps=1,
-            batch_size=2,
-            micro_batch_size=4,
-            lr=5e-3,
-            max_grad_norm=1e9,
-            save_every=10**6,
-            packing=packing,
-            lean_logprobs=lean,
-        )
-        tr = trainer_for(exp, algorithm, cfg, args=args, out=tmp_path / f"p{packing}")
-        got = gradients_at_update(tr)
-        torch.manual_seed(0)
-        metrics.append(tr.step(0))
-        grads.append(got)
-    return metrics, grads
+    runs = [
+        step_once(exp, tmp_path / f"p{packing}", algorithm, args, packing=packing, lean_logprobs=lean)
+        for packing in (False, True)
+    ]
+    return [m for m, _ in runs], [g for _, g in runs]
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "full-logits"])
 def test_a_training_step_packed_equals_padded(make_exp, tmp_path, lean):
     exp = make_exp("rollout.temperature=1.0", "rewards=[{name: test_trainer_length}]")
-    metrics, grads = step_padded_and_packed(exp, tmp_path, "grpo", {"kl_coef": 0.01}, lean)
-    assert metrics[0]["rollout/tokens_generated"] == metrics[1]["rollout/tokens_generated"]  # same episodes
-    assert metrics[0]["train/loss"] == pytest.approx(metrics[1]["train/loss"], abs=1e-5)
-    assert metrics[0]["train/grad_norm"] == pytest.approx(metrics[1]["train/grad_norm"], rel=1e-4, abs=1e-6)
-    assert_same_gradients(*grads)
+    assert_same_step(*step_padded_and_packed(exp, tmp_path, "grpo", {"kl_coef": 0.01}, lean))
 
 
 def test_packed_equals_padded_on_qwens_real_vocabulary(tmp_path):

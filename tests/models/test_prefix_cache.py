@@ -6,13 +6,12 @@ checkpointing falls back to one pass; a training step equals the step without it
 import pytest
 import torch
 
-from searchrl.core.config import TrainerConfig
 from searchrl.models.lean_head import add_lean_head
 from searchrl.models.policy import PolicyWithValue, enable_checkpointing, forward_lean
 from searchrl.models.prefix import attention_for, pack_shared
 from searchrl.models.prefix_cache import cached_cost, common_prefix
-from tests.engine.test_trainer import assert_same_gradients, gradients_at_update, trainer_for
-from tests.models.test_packing import _load, tree_rows
+from tests.engine.test_trainer import assert_same_gradients
+from tests.models.test_packing import _load, assert_same_step, step_once, tree_rows
 
 pytestmark = (
     pytest.mark.numerics
@@ -202,29 +201,24 @@ def test_a_training_step_with_a_cached_prefix_equals_one_without(make_exp, tmp_p
 
     if layout == "tree":
         monkeypatch.setattr(step_module, "cached_cost", lambda rows, width, prefix: rows)
-    packing = layout != "padded"
     exp = make_exp("rollout.temperature=1.0", "rewards=[{name: test_trainer_length}]")
-    grads, metrics, calls = [], [], []
-    for cached in (None, 2):
-        cfg = TrainerConfig(
-            steps=1,
-            batch_size=2,
-            micro_batch_size=4,
-            lr=5e-3,
-            max_grad_norm=1e9,
-            save_every=10**6,
-            packing=packing,
+    calls: list[int] = []
+
+    def counted(tr):
+        real = tr.training_step._cached_prefix
+        tr.training_step._cached_prefix = lambda m, b: calls.append(real(m, b)) or calls[-1]
+
+    runs = [
+        step_once(
+            exp,
+            tmp_path / f"c{cached}",
+            "grpo",
+            {"kl_coef": 0.01},
+            counted,
+            packing=layout != "padded",
             prefix_cache_tokens=cached,
         )
-        tr = trainer_for(exp, "grpo", cfg, args={"kl_coef": 0.01}, out=tmp_path / f"c{cached}")
-        got = gradients_at_update(tr)
-        real = tr.training_step._cached_prefix
-        tr.training_step._cached_prefix = lambda m, b, real=real: calls.append(real(m, b)) or calls[-1]
-        torch.manual_seed(0)
-        metrics.append(tr.step(0))
-        grads.append(got)
+        for cached in (None, 2)
+    ]
     assert any(calls[len(calls) // 2 :]) and not any(calls[: len(calls) // 2])  # the prompts were cached
-    assert metrics[0]["rollout/tokens_generated"] == metrics[1]["rollout/tokens_generated"]  # same episodes
-    assert metrics[0]["train/loss"] == pytest.approx(metrics[1]["train/loss"], abs=1e-5)
-    assert metrics[0]["train/grad_norm"] == pytest.approx(metrics[1]["train/grad_norm"], rel=1e-4, abs=1e-6)
-    assert_same_gradients(*grads)
+    assert_same_step([m for m, _ in runs], [g for _, g in runs])
